@@ -1,0 +1,102 @@
+#include "CEntitlementsShim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ENT_ALIGN 8u
+#define ENT_HEADER sizeof(size_t)
+#define ENT_MIN_CHUNK 16384u
+
+struct ent_arena_chunk {
+    ent_arena_chunk *next;
+    size_t padding; // keeps the data that follows 16-byte aligned
+};
+
+static void *ent_protobuf_alloc(void *data, size_t size) {
+    return ent_arena_alloc((ent_arena *)data, size);
+}
+
+static void ent_protobuf_free(void *data, void *pointer) {
+    // Individual frees are no-ops: the whole arena is released at once.
+    (void)data;
+    (void)pointer;
+}
+
+static size_t ent_round_up(size_t size) {
+    return (size + (ENT_ALIGN - 1)) & ~(size_t)(ENT_ALIGN - 1);
+}
+
+void ent_arena_init(ent_arena *arena, void *initial, size_t initial_size, size_t limit) {
+    arena->allocator.alloc = ent_protobuf_alloc;
+    arena->allocator.free = ent_protobuf_free;
+    arena->allocator.allocator_data = arena;
+    // Align the start of the initial block; the header of the first allocation goes there.
+    uintptr_t start = (uintptr_t)initial;
+    uintptr_t aligned = (start + (ENT_ALIGN - 1)) & ~(uintptr_t)(ENT_ALIGN - 1);
+    if (initial == NULL || initial_size < aligned - start) {
+        arena->cursor = NULL;
+        arena->end = NULL;
+    } else {
+        arena->cursor = (uint8_t *)aligned;
+        arena->end = (uint8_t *)start + initial_size;
+    }
+    arena->chunks = NULL;
+    arena->used = 0;
+    arena->limit = limit;
+    arena->exhausted = 0;
+}
+
+void *ent_arena_alloc(ent_arena *arena, size_t size) {
+    if (size > arena->limit - ENT_HEADER - (ENT_ALIGN - 1)) {
+        arena->exhausted = 1;
+        return NULL;
+    }
+    size_t needed = ENT_HEADER + ent_round_up(size);
+    if (arena->used > arena->limit || needed > arena->limit - arena->used) {
+        arena->exhausted = 1;
+        return NULL;
+    }
+    if (arena->cursor == NULL || (size_t)(arena->end - arena->cursor) < needed) {
+        size_t chunk_size = needed > ENT_MIN_CHUNK ? needed : ENT_MIN_CHUNK;
+        ent_arena_chunk *chunk = malloc(sizeof(ent_arena_chunk) + chunk_size);
+        if (chunk == NULL) {
+            return NULL;
+        }
+        chunk->next = arena->chunks;
+        arena->chunks = chunk;
+        arena->cursor = (uint8_t *)(chunk + 1);
+        arena->end = arena->cursor + chunk_size;
+    }
+    size_t *header = (size_t *)arena->cursor;
+    *header = size;
+    arena->cursor += needed;
+    arena->used += needed;
+    return header + 1;
+}
+
+void ent_arena_release(ent_arena *arena) {
+    ent_arena_chunk *chunk = arena->chunks;
+    while (chunk != NULL) {
+        ent_arena_chunk *next = chunk->next;
+        free(chunk);
+        chunk = next;
+    }
+    arena->chunks = NULL;
+    arena->cursor = NULL;
+    arena->end = NULL;
+}
+
+char *ent_arena_strndup(ent_arena *arena, const char *bytes, size_t length) {
+    if (length == SIZE_MAX) {
+        return NULL;
+    }
+    char *copy = ent_arena_alloc(arena, length + 1);
+    if (copy == NULL) {
+        return NULL;
+    }
+    if (length > 0) {
+        memcpy(copy, bytes, length);
+    }
+    copy[length] = '\0';
+    return copy;
+}

@@ -1,0 +1,53 @@
+// A bump arena for protobuf-c, so that unpacking a message costs no malloc per field.
+//
+// protobuf-c allocates every string, array and sub-message of an unpacked message through
+// a ProtobufCAllocator. This one hands out memory from a caller-provided block (typically
+// on the Swift stack) and from malloc'd chunks once that is used up; nothing is freed one
+// by one, everything is released by ent_arena_release. A limit caps the total, so a small
+// hostile message cannot make the decoder allocate without bound.
+//
+// Every allocation is preceded by its size. That lets the Swift side recover the exact
+// length protobuf-c copied for a string (it allocates length + 1 and NUL-terminates), and
+// so detect strings with an embedded NUL byte, which a C string would silently truncate.
+#ifndef C_ENTITLEMENTS_SHIM_H
+#define C_ENTITLEMENTS_SHIM_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ent_arena_chunk ent_arena_chunk;
+
+typedef struct ent_arena {
+    /// Pass &arena->allocator to protobuf-c; its allocator_data points back at the arena.
+    ProtobufCAllocator allocator;
+    uint8_t *cursor;
+    uint8_t *end;
+    /// malloc'd chunks, newest first; freed by ent_arena_release.
+    ent_arena_chunk *chunks;
+    /// Bytes handed out so far, headers included.
+    size_t used;
+    /// The most ent_arena_alloc will hand out in total; beyond it, it returns NULL.
+    size_t limit;
+    /// Set when an allocation was refused because of the limit (not because malloc failed).
+    int exhausted;
+} ent_arena;
+
+/// Prepares an arena over `initial` (may be NULL with size 0).
+void ent_arena_init(ent_arena *arena, void *initial, size_t initial_size, size_t limit);
+
+/// Returns 8-byte aligned memory for `size` bytes, or NULL past the limit or when malloc fails.
+void *ent_arena_alloc(ent_arena *arena, size_t size);
+
+/// Frees every chunk the arena malloc'd. The arena must be initialised again before reuse.
+void ent_arena_release(ent_arena *arena);
+
+/// Copies `length` bytes and a terminating NUL into the arena; NULL when out of memory.
+char *ent_arena_strndup(ent_arena *arena, const char *bytes, size_t length);
+
+/// The number of bytes that were requested for `pointer`, an allocation of this arena.
+static inline size_t ent_arena_allocation_size(const void *pointer) {
+    return ((const size_t *)pointer)[-1];
+}
+
+#endif

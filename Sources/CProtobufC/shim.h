@@ -1,0 +1,5 @@
+// The system libprotobuf-c (Debian: libprotobuf-c-dev; pkg-config: libprotobuf-c).
+#ifndef C_PROTOBUF_C_SHIM_H
+#define C_PROTOBUF_C_SHIM_H
+#include <protobuf-c/protobuf-c.h>
+#endif

@@ -9,6 +9,9 @@ public protocol ProtobufMessage: Sendable, Hashable {
     /// The fully qualified proto name, e.g. `entitlements.v1.CheckEntitlementsRequest`.
     static var protoMessageName: String { get }
 
+    /// The message with every field absent; it encodes to zero bytes.
+    init()
+
     /// Decodes a message from its protobuf encoding.
     ///
     /// Throws ``ProtobufError`` when the bytes are not a valid encoding of this message,

@@ -27,15 +27,18 @@ public enum ServingStatus: Int32, Sendable, Hashable, CaseIterable {
 /// Method 1. What may this user use at an instant?
 public struct CheckEntitlementsRequest: Sendable, Hashable {
     /// A customer id or an alias; 1 to 256 bytes of UTF-8.
-    public var userId: String?
+    public var userId: String? = nil
     /// Only these entitlements; empty means all of the customer's entitlements.
-    public var entitlementIds: [String]
+    public var entitlementIds: [String] = []
     /// The evaluation instant; absent means the server's current time.
-    public var at: Int64?
+    public var at: Int64? = nil
     /// Unspecified means PRODUCTION.
-    public var environment: Environment
+    public var environment: Environment = .unspecified
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
         entitlementIds: [String] = [],
@@ -101,17 +104,20 @@ extension CheckEntitlementsRequest: ProtobufCBacked {
 /// The `entitlements.v1.CheckEntitlementsResponse` message.
 public struct CheckEntitlementsResponse: Sendable, Hashable {
     /// The user id as requested.
-    public var userId: String?
+    public var userId: String? = nil
     /// The canonical customer id the user id resolved to; absent for an unknown user.
-    public var customerId: String?
+    public var customerId: String? = nil
     /// The instant the answer was evaluated at.
-    public var requestDate: Int64?
+    public var requestDate: Int64? = nil
     /// The next instant at which the answer can change; absent if it never can.
-    public var validUntil: Int64?
+    public var validUntil: Int64? = nil
     /// Sorted by id. An unknown user, or one without purchases or grants, has none.
-    public var entitlements: [Entitlement]
+    public var entitlements: [Entitlement] = []
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
         customerId: String? = nil,
@@ -181,15 +187,18 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
 /// Method 2. One CheckEntitlements per user id, evaluated at one instant.
 public struct BatchCheckEntitlementsRequest: Sendable, Hashable {
     /// At most the server's documented maximum; an invalid id fails the whole batch.
-    public var userIds: [String]
+    public var userIds: [String] = []
     /// The `entitlement_ids` field.
-    public var entitlementIds: [String]
+    public var entitlementIds: [String] = []
     /// The `at` field.
-    public var at: Int64?
+    public var at: Int64? = nil
     /// The `environment` field.
-    public var environment: Environment
+    public var environment: Environment = .unspecified
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userIds: [String] = [],
         entitlementIds: [String] = [],
@@ -255,9 +264,12 @@ extension BatchCheckEntitlementsRequest: ProtobufCBacked {
 /// The `entitlements.v1.BatchCheckEntitlementsResponse` message.
 public struct BatchCheckEntitlementsResponse: Sendable, Hashable {
     /// One result per requested user id, in request order.
-    public var results: [CheckEntitlementsResponse]
+    public var results: [CheckEntitlementsResponse] = []
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         results: [CheckEntitlementsResponse] = []
     ) {
@@ -311,15 +323,18 @@ extension BatchCheckEntitlementsResponse: ProtobufCBacked {
 /// Method 3. A server stream of EntitlementsChangedEvent, until cancelled.
 public struct WatchEntitlementsRequest: Sendable, Hashable {
     /// The users to watch; ignored when all_customers is set.
-    public var userIds: [String]
+    public var userIds: [String] = []
     /// The `all_customers` field.
-    public var allCustomers: Bool
+    public var allCustomers: Bool = false
     /// Only changes to these entitlements; empty means all.
-    public var entitlementIds: [String]
+    public var entitlementIds: [String] = []
     /// The `environment` field.
-    public var environment: Environment
+    public var environment: Environment = .unspecified
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userIds: [String] = [],
         allCustomers: Bool = false,
@@ -385,11 +400,14 @@ extension WatchEntitlementsRequest: ProtobufCBacked {
 /// The part of an entitlement a change event compares.
 public struct EntitlementState: Sendable, Hashable {
     /// The `is_active` field.
-    public var isActive: Bool
+    public var isActive: Bool = false
     /// The `renew_state` field.
-    public var renewState: RenewState
+    public var renewState: RenewState = .unknown
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         isActive: Bool = false,
         renewState: RenewState = .unknown
@@ -447,13 +465,16 @@ extension EntitlementState: ProtobufCBacked {
 /// The `entitlements.v1.EntitlementChange` message.
 public struct EntitlementChange: Sendable, Hashable {
     /// The `entitlement_id` field.
-    public var entitlementId: String?
+    public var entitlementId: String? = nil
     /// Absent when the entitlement did not exist before the change.
-    public var before: EntitlementState?
+    public var before: EntitlementState? = nil
     /// Absent when the entitlement no longer exists after the change.
-    public var after: EntitlementState?
+    public var after: EntitlementState? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         entitlementId: String? = nil,
         before: EntitlementState? = nil,
@@ -515,17 +536,20 @@ extension EntitlementChange: ProtobufCBacked {
 /// A stream message of WatchEntitlements.
 public struct EntitlementsChangedEvent: Sendable, Hashable {
     /// The `customer_id` field.
-    public var customerId: String?
+    public var customerId: String? = nil
     /// The `cause` field.
-    public var cause: ChangeCause
+    public var cause: ChangeCause = .unspecified
     /// Only the entitlements whose isActive or renewState changed.
-    public var changes: [EntitlementChange]
+    public var changes: [EntitlementChange] = []
     /// The customer's complete answer after the change.
-    public var current: CheckEntitlementsResponse?
+    public var current: CheckEntitlementsResponse? = nil
     /// The write-ahead log sequence of the write that caused it; 0 for time.
-    public var logSequence: UInt64
+    public var logSequence: UInt64 = 0
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         customerId: String? = nil,
         cause: ChangeCause = .unspecified,
@@ -595,11 +619,14 @@ extension EntitlementsChangedEvent: ProtobufCBacked {
 /// Method 16. Records a store transaction; idempotent per (store, transaction_id).
 public struct RecordTransactionRequest: Sendable, Hashable {
     /// A customer id or alias; an unknown id creates the customer.
-    public var userId: String?
+    public var userId: String? = nil
     /// The `transaction` field.
-    public var transaction: Transaction?
+    public var transaction: Transaction? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
         transaction: Transaction? = nil
@@ -657,11 +684,14 @@ extension RecordTransactionRequest: ProtobufCBacked {
 /// Method 17. Replaces the renewal state of one subscription chain.
 public struct UpdateSubscriptionStateRequest: Sendable, Hashable {
     /// The `user_id` field.
-    public var userId: String?
+    public var userId: String? = nil
     /// The `state` field.
-    public var state: SubscriptionState?
+    public var state: SubscriptionState? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
         state: SubscriptionState? = nil
@@ -719,11 +749,14 @@ extension UpdateSubscriptionStateRequest: ProtobufCBacked {
 /// Method 18. Adds a grant, or replaces the grant with the same grant_id.
 public struct GrantEntitlementRequest: Sendable, Hashable {
     /// The `user_id` field.
-    public var userId: String?
+    public var userId: String? = nil
     /// The `grant` field.
-    public var grant: Grant?
+    public var grant: Grant? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
         grant: Grant? = nil
@@ -781,13 +814,16 @@ extension GrantEntitlementRequest: ProtobufCBacked {
 /// Method 19. Ends a grant at revoked_date.
 public struct RevokeGrantRequest: Sendable, Hashable {
     /// The `user_id` field.
-    public var userId: String?
+    public var userId: String? = nil
     /// The `grant_id` field.
-    public var grantId: String?
+    public var grantId: String? = nil
     /// Absent means the server's current time.
-    public var revokedDate: Int64?
+    public var revokedDate: Int64? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
         grantId: String? = nil,
@@ -849,14 +885,17 @@ extension RevokeGrantRequest: ProtobufCBacked {
 /// Method 20. Makes alias answer for user_id's customer.
 public struct LinkAliasRequest: Sendable, Hashable {
     /// The `user_id` field.
-    public var userId: String?
+    public var userId: String? = nil
     /// The `alias` field.
-    public var alias: String?
+    public var alias: String? = nil
     /// Move the alias even if another customer owns it; otherwise that is
     /// FAILED_PRECONDITION.
-    public var transfer: Bool
+    public var transfer: Bool = false
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
         alias: String? = nil,
@@ -918,9 +957,12 @@ extension LinkAliasRequest: ProtobufCBacked {
 /// Method 21. Removes the customer and its aliases.
 public struct DeleteCustomerRequest: Sendable, Hashable {
     /// The `user_id` field.
-    public var userId: String?
+    public var userId: String? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil
     ) {
@@ -974,15 +1016,18 @@ extension DeleteCustomerRequest: ProtobufCBacked {
 /// The response of every write method (16 to 21).
 public struct WriteResponse: Sendable, Hashable {
     /// The canonical id of the customer written to.
-    public var customerId: String?
+    public var customerId: String? = nil
     /// The write-ahead log sequence number of the write; the write is durable.
-    public var logSequence: UInt64
+    public var logSequence: UInt64 = 0
     /// False when the write repeated what was already stored (an idempotent replay).
-    public var changed: Bool
+    public var changed: Bool = false
     /// True when this write created the customer.
-    public var created: Bool
+    public var created: Bool = false
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         customerId: String? = nil,
         logSequence: UInt64 = 0,
@@ -1048,7 +1093,7 @@ extension WriteResponse: ProtobufCBacked {
 /// Method 4.
 public struct HealthRequest: Sendable, Hashable {
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
 }
 
@@ -1084,7 +1129,6 @@ extension HealthRequest: ProtobufCBacked {
     }
 
     init(lifting _: CMessage) throws {
-        self.init()
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -1097,15 +1141,18 @@ extension HealthRequest: ProtobufCBacked {
 /// The `entitlements.v1.HealthResponse` message.
 public struct HealthResponse: Sendable, Hashable {
     /// The `status` field.
-    public var status: ServingStatus
+    public var status: ServingStatus = .unknown
     /// The `snapshot_id` field.
-    public var snapshotId: String?
+    public var snapshotId: String? = nil
     /// The `uptime_ms` field.
-    public var uptimeMs: UInt64
+    public var uptimeMs: UInt64 = 0
     /// The server's build version.
-    public var version: String?
+    public var version: String? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         status: ServingStatus = .unknown,
         snapshotId: String? = nil,
@@ -1171,7 +1218,7 @@ extension HealthResponse: ProtobufCBacked {
 /// Method 32. Writes a new snapshot from the current snapshot and log.
 public struct CompactRequest: Sendable, Hashable {
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
 }
 
@@ -1207,7 +1254,6 @@ extension CompactRequest: ProtobufCBacked {
     }
 
     init(lifting _: CMessage) throws {
-        self.init()
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -1220,11 +1266,14 @@ extension CompactRequest: ProtobufCBacked {
 /// The `entitlements.v1.CompactResponse` message.
 public struct CompactResponse: Sendable, Hashable {
     /// The `snapshot_id` field.
-    public var snapshotId: String?
+    public var snapshotId: String? = nil
     /// The last log sequence the new snapshot contains.
-    public var lastLogSequence: UInt64
+    public var lastLogSequence: UInt64 = 0
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         snapshotId: String? = nil,
         lastLogSequence: UInt64 = 0

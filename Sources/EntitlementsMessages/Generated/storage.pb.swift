@@ -35,15 +35,18 @@ public enum SubscriptionPeriod: Int32, Sendable, Hashable, CaseIterable {
 /// A product sold in a store and the entitlements it unlocks.
 public struct Product: Sendable, Hashable {
     /// The `id` field.
-    public var id: String?
+    public var id: String? = nil
     /// The `type` field.
-    public var type: ProductType
+    public var type: ProductType = .unspecified
     /// Subscriptions only.
-    public var period: SubscriptionPeriod
+    public var period: SubscriptionPeriod = .unspecified
     /// The `entitlements` field.
-    public var entitlements: [String]
+    public var entitlements: [String] = []
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         id: String? = nil,
         type: ProductType = .unspecified,
@@ -109,9 +112,12 @@ extension Product: ProtobufCBacked {
 /// The `entitlements.v1.Catalog` message.
 public struct Catalog: Sendable, Hashable {
     /// The `products` field.
-    public var products: [Product]
+    public var products: [Product] = []
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         products: [Product] = []
     ) {
@@ -165,17 +171,20 @@ extension Catalog: ProtobufCBacked {
 /// Everything the service knows about one customer.
 public struct CustomerRecord: Sendable, Hashable {
     /// The canonical customer id.
-    public var id: String?
+    public var id: String? = nil
     /// Other ids (e.g. anonymous app-user ids) that answer for this customer.
-    public var aliases: [String]
+    public var aliases: [String] = []
     /// The `transactions` field.
-    public var transactions: [Transaction]
+    public var transactions: [Transaction] = []
     /// At most one per (store, original_transaction_id) chain.
-    public var subscriptions: [SubscriptionState]
+    public var subscriptions: [SubscriptionState] = []
     /// The `grants` field.
-    public var grants: [Grant]
+    public var grants: [Grant] = []
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         id: String? = nil,
         aliases: [String] = [],
@@ -245,19 +254,22 @@ extension CustomerRecord: ProtobufCBacked {
 /// The header at the start of a snapshot file (see docs/snapshot-format.md).
 public struct SnapshotHeader: Sendable, Hashable {
     /// The `format_version` field.
-    public var formatVersion: UInt32
+    public var formatVersion: UInt32 = 0
     /// Identifies this snapshot; reported by Health.
-    public var snapshotId: String?
+    public var snapshotId: String? = nil
     /// The `created_date` field.
-    public var createdDate: Int64?
+    public var createdDate: Int64? = nil
     /// The `record_count` field.
-    public var recordCount: UInt64
+    public var recordCount: UInt64 = 0
     /// The `catalog` field.
-    public var catalog: Catalog?
+    public var catalog: Catalog? = nil
     /// The last write-ahead log sequence number the snapshot contains.
-    public var lastLogSequence: UInt64
+    public var lastLogSequence: UInt64 = 0
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         formatVersion: UInt32 = 0,
         snapshotId: String? = nil,
@@ -331,9 +343,9 @@ extension SnapshotHeader: ProtobufCBacked {
 /// One acknowledged write in the write-ahead log (see docs/durability.md).
 public struct LogRecord: Sendable, Hashable {
     /// Strictly increasing, starting at 1.
-    public var sequence: UInt64
+    public var sequence: UInt64 = 0
     /// The `recorded_date` field.
-    public var recordedDate: Int64?
+    public var recordedDate: Int64? = nil
 
     /// One of the `mutation` cases, or nil when none is set.
     public enum Mutation: Sendable, Hashable {
@@ -351,9 +363,12 @@ public struct LogRecord: Sendable, Hashable {
         case deleteCustomer(DeleteCustomerRequest)
     }
 
-    public var mutation: Mutation?
+    public var mutation: Mutation? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         sequence: UInt64 = 0,
         recordedDate: Int64? = nil,

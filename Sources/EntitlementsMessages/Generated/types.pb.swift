@@ -102,29 +102,32 @@ public enum PeriodType: Int32, Sendable, Hashable, CaseIterable {
 /// One store transaction: a purchase, a renewal, a trial or intro period.
 public struct Transaction: Sendable, Hashable {
     /// Identifies the chain of renewals this transaction belongs to, per store.
-    public var originalTransactionId: String?
+    public var originalTransactionId: String? = nil
     /// Unique per store; (store, transaction_id) identifies a transaction.
-    public var transactionId: String?
+    public var transactionId: String? = nil
     /// The `store` field.
-    public var store: Source
+    public var store: Source = .unknown
     /// The `product_id` field.
-    public var productId: String?
+    public var productId: String? = nil
     /// The offer code redeemed with this transaction, if any.
-    public var offerCode: String?
+    public var offerCode: String? = nil
     /// The `transaction_date` field.
-    public var transactionDate: Int64?
+    public var transactionDate: Int64? = nil
     /// Absent for non-consumable purchases, which never expire.
-    public var expirationDate: Int64?
+    public var expirationDate: Int64? = nil
     /// Set when the store refunded or revoked the transaction.
-    public var revocationDate: Int64?
+    public var revocationDate: Int64? = nil
     /// The `environment` field.
-    public var environment: Environment
+    public var environment: Environment = .unspecified
     /// The `ownership_type` field.
-    public var ownershipType: OwnershipType
+    public var ownershipType: OwnershipType = .unspecified
     /// The `type` field.
-    public var type: TransactionType
+    public var type: TransactionType = .unspecified
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         originalTransactionId: String? = nil,
         transactionId: String? = nil,
@@ -218,21 +221,24 @@ extension Transaction: ProtobufCBacked {
 /// The renewal state of one subscription chain, as last reported by its store.
 public struct SubscriptionState: Sendable, Hashable {
     /// The `store` field.
-    public var store: Source
+    public var store: Source = .unknown
     /// The `original_transaction_id` field.
-    public var originalTransactionId: String?
+    public var originalTransactionId: String? = nil
     /// The `auto_renew_enabled` field.
-    public var autoRenewEnabled: Bool
+    public var autoRenewEnabled: Bool = false
     /// The `auto_renew_disabled_date` field.
-    public var autoRenewDisabledDate: Int64?
+    public var autoRenewDisabledDate: Int64? = nil
     /// The `billing_issue_detected_date` field.
-    public var billingIssueDetectedDate: Int64?
+    public var billingIssueDetectedDate: Int64? = nil
     /// Access continues until this instant although the period has expired.
-    public var gracePeriodExpirationDate: Int64?
+    public var gracePeriodExpirationDate: Int64? = nil
     /// The `is_in_billing_retry` field.
-    public var isInBillingRetry: Bool
+    public var isInBillingRetry: Bool = false
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         store: Source = .unknown,
         originalTransactionId: String? = nil,
@@ -310,19 +316,22 @@ extension SubscriptionState: ProtobufCBacked {
 /// Access to one entitlement given by hand (support, promotions, partners).
 public struct Grant: Sendable, Hashable {
     /// The `grant_id` field.
-    public var grantId: String?
+    public var grantId: String? = nil
     /// The `entitlement_id` field.
-    public var entitlementId: String?
+    public var entitlementId: String? = nil
     /// The `granted_date` field.
-    public var grantedDate: Int64?
+    public var grantedDate: Int64? = nil
     /// Absent for a lifetime grant.
-    public var expirationDate: Int64?
+    public var expirationDate: Int64? = nil
     /// The `revoked_date` field.
-    public var revokedDate: Int64?
+    public var revokedDate: Int64? = nil
     /// Free text for people: why the grant was made.
-    public var reason: String?
+    public var reason: String? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         grantId: String? = nil,
         entitlementId: String? = nil,
@@ -396,53 +405,56 @@ extension Grant: ProtobufCBacked {
 /// The state of one entitlement for one customer at one instant.
 public struct Entitlement: Sendable, Hashable {
     /// The entitlement's identifier, e.g. "premium".
-    public var id: String?
+    public var id: String? = nil
     /// The `is_active` field.
-    public var isActive: Bool
+    public var isActive: Bool = false
     /// The `source` field.
-    public var source: Source
+    public var source: Source = .unknown
     /// The `started_date` field.
-    public var startedDate: Int64?
+    public var startedDate: Int64? = nil
     /// The `trial_start_date` field.
-    public var trialStartDate: Int64?
+    public var trialStartDate: Int64? = nil
     /// The `first_purchase_date` field.
-    public var firstPurchaseDate: Int64?
+    public var firstPurchaseDate: Int64? = nil
     /// The `last_purchase_date` field.
-    public var lastPurchaseDate: Int64?
+    public var lastPurchaseDate: Int64? = nil
     /// The `auto_renew_disable_date` field.
-    public var autoRenewDisableDate: Int64?
+    public var autoRenewDisableDate: Int64? = nil
     /// The `expiration_date` field.
-    public var expirationDate: Int64?
+    public var expirationDate: Int64? = nil
     /// Absent when access comes from a grant.
-    public var productId: String?
+    public var productId: String? = nil
     /// The `renew_state` field.
-    public var renewState: RenewState
+    public var renewState: RenewState = .unknown
     /// The `renews_count` field.
-    public var renewsCount: UInt32
+    public var renewsCount: UInt32 = 0
     /// The `grant_type` field.
-    public var grantType: GrantType
+    public var grantType: GrantType = .unspecified
     /// The `last_activated_offer_code` field.
-    public var lastActivatedOfferCode: String?
+    public var lastActivatedOfferCode: String? = nil
     /// The transactions of the winning chain, oldest first.
-    public var transactions: [Transaction]
+    public var transactions: [Transaction] = []
     /// The `will_renew` field.
-    public var willRenew: Bool
+    public var willRenew: Bool = false
     /// The `is_in_grace_period` field.
-    public var isInGracePeriod: Bool
+    public var isInGracePeriod: Bool = false
     /// The `is_in_billing_retry` field.
-    public var isInBillingRetry: Bool
+    public var isInBillingRetry: Bool = false
     /// The `is_revoked` field.
-    public var isRevoked: Bool
+    public var isRevoked: Bool = false
     /// The `ownership_type` field.
-    public var ownershipType: OwnershipType
+    public var ownershipType: OwnershipType = .unspecified
     /// The `period_type` field.
-    public var periodType: PeriodType
+    public var periodType: PeriodType = .unspecified
     /// The `grace_period_expiration_date` field.
-    public var gracePeriodExpirationDate: Int64?
+    public var gracePeriodExpirationDate: Int64? = nil
     /// The `billing_issue_detected_date` field.
-    public var billingIssueDetectedDate: Int64?
+    public var billingIssueDetectedDate: Int64? = nil
 
-    /// Creates a message; every field defaults to absent (nil, empty, false, 0).
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
     public init(
         id: String? = nil,
         isActive: Bool = false,

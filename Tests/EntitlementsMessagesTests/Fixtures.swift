@@ -1,0 +1,174 @@
+import EntitlementsMessages
+
+/// One value of every message with every field set (non-default, non-empty), so that a
+/// field the shim forgets to encode or decode shows up as a difference.
+enum Fixtures {
+    static let transaction = Transaction(
+        originalTransactionId: "1000000000000001",
+        transactionId: "1000000000000042",
+        store: .appstore,
+        productId: "com.app.monthly",
+        offerCode: "SPRING24",
+        transactionDate: 1_767_225_600_000,
+        expirationDate: 1_769_904_000_000,
+        revocationDate: 1_768_000_000_000,
+        environment: .sandbox,
+        ownershipType: .familySharing,
+        type: .introRenewed
+    )
+
+    static let subscriptionState = SubscriptionState(
+        store: .playstore,
+        originalTransactionId: "GPA.3345-1234-5678-90123",
+        autoRenewEnabled: true,
+        autoRenewDisabledDate: 1_767_000_000_000,
+        billingIssueDetectedDate: 1_767_100_000_000,
+        gracePeriodExpirationDate: 1_767_200_000_000,
+        isInBillingRetry: true
+    )
+
+    static let grant = Grant(
+        grantId: "grant-7",
+        entitlementId: "premium",
+        grantedDate: 1_760_000_000_000,
+        expirationDate: 1_790_000_000_000,
+        revokedDate: 1_780_000_000_000,
+        reason: "support ticket #4521: réclamation ✓"
+    )
+
+    static let entitlement = Entitlement(
+        id: "premium",
+        isActive: true,
+        source: .stripe,
+        startedDate: 1_700_000_000_000,
+        trialStartDate: 1_700_000_000_001,
+        firstPurchaseDate: 1_700_000_000_002,
+        lastPurchaseDate: 1_700_000_000_003,
+        autoRenewDisableDate: 1_700_000_000_004,
+        expirationDate: 1_700_000_000_005,
+        productId: "com.app.annual",
+        renewState: .billingIssue,
+        renewsCount: 7,
+        grantType: .offerCode,
+        lastActivatedOfferCode: "WINBACK",
+        transactions: [transaction, Transaction(transactionId: "2", type: .subscriptionRenewed)],
+        willRenew: true,
+        isInGracePeriod: true,
+        isInBillingRetry: true,
+        isRevoked: true,
+        ownershipType: .owner,
+        periodType: .intro,
+        gracePeriodExpirationDate: 1_700_000_000_006,
+        billingIssueDetectedDate: 1_700_000_000_007
+    )
+
+    static let checkRequest = CheckEntitlementsRequest(
+        userId: "user-1",
+        entitlementIds: ["premium", "pro"],
+        at: 1_767_225_600_000,
+        environment: .sandbox
+    )
+
+    static let checkResponse = CheckEntitlementsResponse(
+        userId: "$anon:abc",
+        customerId: "user-1",
+        requestDate: 1_767_225_600_000,
+        validUntil: 1_769_904_000_000,
+        entitlements: [entitlement, Entitlement(id: "pro", isActive: false)]
+    )
+
+    static let entitlementChange = EntitlementChange(
+        entitlementId: "premium",
+        before: EntitlementState(isActive: true, renewState: .willRenew),
+        after: EntitlementState(isActive: false, renewState: .canceled)
+    )
+
+    static let recordTransaction = RecordTransactionRequest(userId: "user-1", transaction: transaction)
+    static let updateSubscriptionState = UpdateSubscriptionStateRequest(userId: "user-1", state: subscriptionState)
+    static let grantEntitlement = GrantEntitlementRequest(userId: "user-1", grant: grant)
+    static let revokeGrant = RevokeGrantRequest(userId: "user-1", grantId: "grant-7", revokedDate: 1_780_000_000_000)
+    static let linkAlias = LinkAliasRequest(userId: "user-1", alias: "$anon:abc", transfer: true)
+    static let deleteCustomer = DeleteCustomerRequest(userId: "user-1")
+
+    static let product = Product(
+        id: "com.app.monthly",
+        type: .subscription,
+        period: .monthly,
+        entitlements: ["premium", "pro"]
+    )
+
+    static let catalog = Catalog(products: [product, Product(id: "com.app.lifetime", type: .nonConsumable)])
+
+    /// Every message type, fully populated; `allProtobufMessageTypes` must match it.
+    static let all: [any ProtobufMessage] = [
+        transaction,
+        subscriptionState,
+        grant,
+        entitlement,
+        checkRequest,
+        checkResponse,
+        BatchCheckEntitlementsRequest(
+            userIds: ["user-1", "user-2"],
+            entitlementIds: ["premium"],
+            at: 1_767_225_600_000,
+            environment: .production
+        ),
+        BatchCheckEntitlementsResponse(results: [checkResponse, CheckEntitlementsResponse(userId: "user-2")]),
+        WatchEntitlementsRequest(
+            userIds: ["user-1"],
+            allCustomers: true,
+            entitlementIds: ["premium"],
+            environment: .sandbox
+        ),
+        EntitlementState(isActive: true, renewState: .nonRenewable),
+        entitlementChange,
+        EntitlementsChangedEvent(
+            customerId: "user-1",
+            cause: .time,
+            changes: [entitlementChange],
+            current: checkResponse,
+            logSequence: 99
+        ),
+        recordTransaction,
+        updateSubscriptionState,
+        grantEntitlement,
+        revokeGrant,
+        linkAlias,
+        deleteCustomer,
+        WriteResponse(customerId: "user-1", logSequence: 12_345_678_901, changed: true, created: true),
+        HealthRequest(),
+        HealthResponse(status: .notServing, snapshotId: "snap-20261122", uptimeMs: 86_400_000, version: "1.0.0"),
+        CompactRequest(),
+        CompactResponse(snapshotId: "snap-20261123", lastLogSequence: 4_000_000_000),
+        product,
+        catalog,
+        CustomerRecord(
+            id: "user-1",
+            aliases: ["$anon:abc", "legacy-7"],
+            transactions: [transaction],
+            subscriptions: [subscriptionState],
+            grants: [grant]
+        ),
+        SnapshotHeader(
+            formatVersion: 1,
+            snapshotId: "snap-20261122",
+            createdDate: 1_767_225_600_000,
+            recordCount: 1_000_000,
+            catalog: catalog,
+            lastLogSequence: 77
+        ),
+        LogRecord(sequence: 1, recordedDate: 1_767_225_600_000, mutation: .grantEntitlement(grantEntitlement)),
+    ]
+
+    /// One LogRecord per mutation case, so that every case of the oneof is exercised.
+    static let logRecordsForEveryMutation: [LogRecord] = [
+        .recordTransaction(recordTransaction),
+        .updateSubscriptionState(updateSubscriptionState),
+        .grantEntitlement(grantEntitlement),
+        .revokeGrant(revokeGrant),
+        .linkAlias(linkAlias),
+        .deleteCustomer(deleteCustomer),
+    ].enumerated().map { index, mutation in
+        LogRecord(sequence: UInt64(index + 1), recordedDate: 1_767_225_600_000 + Int64(index), mutation: mutation)
+    }
+}

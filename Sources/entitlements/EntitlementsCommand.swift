@@ -1,0 +1,12 @@
+import ArgumentParser
+
+/// `entitlements`: the one executable of the service (server, client and tools).
+@main
+struct EntitlementsCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "entitlements",
+        abstract: "An entitlement check service: what may user X use right now?",
+        version: "0.1.0",
+        subcommands: [DemoCommand.self]
+    )
+}

@@ -6,6 +6,18 @@
 #define ENT_ALIGN 8u
 #define ENT_HEADER sizeof(size_t)
 #define ENT_MIN_CHUNK 16384u
+#define ENT_THREAD_BLOCK 16384u
+
+typedef struct {
+    ent_arena arena;
+    int in_use;
+    _Alignas(16) uint8_t block[ENT_THREAD_BLOCK];
+} ent_thread_arena;
+
+// One per thread, reused by every decode and encode on that thread. Decoding never calls
+// back into Swift, so an arena is never needed twice at once on a thread; the in_use flag
+// makes that safe anyway.
+static _Thread_local ent_thread_arena ent_this_thread;
 
 struct ent_arena_chunk {
     ent_arena_chunk *next;
@@ -44,6 +56,32 @@ void ent_arena_init(ent_arena *arena, void *initial, size_t initial_size, size_t
     arena->used = 0;
     arena->limit = limit;
     arena->exhausted = 0;
+    arena->heap_allocated = 0;
+}
+
+ent_arena *ent_arena_acquire(size_t limit) {
+    ent_thread_arena *local = &ent_this_thread;
+    if (!local->in_use) {
+        local->in_use = 1;
+        ent_arena_init(&local->arena, local->block, sizeof(local->block), limit);
+        return &local->arena;
+    }
+    ent_arena *arena = malloc(sizeof(ent_arena));
+    if (arena == NULL) {
+        return NULL;
+    }
+    ent_arena_init(arena, NULL, 0, limit);
+    arena->heap_allocated = 1;
+    return arena;
+}
+
+void ent_arena_finish(ent_arena *arena) {
+    ent_arena_release(arena);
+    if (arena->heap_allocated) {
+        free(arena);
+    } else {
+        ent_this_thread.in_use = 0;
+    }
 }
 
 void *ent_arena_alloc(ent_arena *arena, size_t size) {

@@ -37,22 +37,19 @@ extension ProtobufCBacked {
     /// The field names protoc-c's descriptor lists for this message, in declaration order.
     /// Tests compare them with what the generated Swift code covers.
     static var protobufCFieldNames: [String] {
-        withArena { arena in
+        (try? withArena { arena in
             var empty: UInt8 = 0
             guard let c = Self.unpack(arena.allocator, 0, &empty) else {
                 return []
             }
             let descriptor = UnsafeRawPointer(c).assumingMemoryBound(to: CProtobufC.ProtobufCMessage.self).pointee.descriptor!
             return (0..<Int(descriptor.pointee.n_fields)).map { String(cString: descriptor.pointee.fields[$0].name) }
-        }
+        }) ?? []
     }
 }
 
 /// Memory limits of one decode or encode.
 enum ProtobufLimits {
-    /// Bytes of arena kept on the stack; a typical CheckEntitlementsResponse fits, so
-    /// decoding or encoding it calls malloc only for the Swift values themselves.
-    static let stackArenaBytes = 8 * 1024
     /// The most memory protobuf-c may use for one message. Unpacking can allocate many
     /// times the encoded size (each 2-byte empty sub-message becomes a struct), so this
     /// bounds what a hostile message can cost.
@@ -147,18 +144,15 @@ struct ProtobufArena {
     }
 }
 
-/// Runs `body` with a fresh arena whose first block is on the stack. Everything the arena
-/// allocated, on the stack or on the heap, is released when `body` returns or throws.
-func withArena<Result>(_ body: (ProtobufArena) throws -> Result) rethrows -> Result {
-    try withUnsafeTemporaryAllocation(byteCount: ProtobufLimits.stackArenaBytes, alignment: 16) { block in
-        // The arena struct itself lives at the start of the block, so its address (which
-        // protobuf-c keeps as allocator_data) cannot move while it is in use.
-        let header = MemoryLayout<ent_arena>.stride
-        let arena = block.baseAddress!.bindMemory(to: ent_arena.self, capacity: 1)
-        ent_arena_init(arena, block.baseAddress! + header, block.count - header, ProtobufLimits.arenaLimit)
-        defer { ent_arena_release(arena) }
-        return try body(ProtobufArena(raw: arena))
+/// Runs `body` with an empty arena: this thread's (see ent_arena_acquire), so a typical
+/// message needs no malloc for its C structs. Everything the arena allocated is released
+/// when `body` returns or throws.
+func withArena<Result>(_ body: (ProtobufArena) throws -> Result) throws -> Result {
+    guard let arena = ent_arena_acquire(ProtobufLimits.arenaLimit) else {
+        throw ProtobufError(code: .tooLarge, reason: "out of memory for a protobuf arena")
     }
+    defer { ent_arena_finish(arena) }
+    return try body(ProtobufArena(raw: arena))
 }
 
 func unpackMessage<Message: ProtobufCBacked>(
@@ -220,16 +214,16 @@ func liftString(_ pointer: UnsafeMutablePointer<CChar>?, field: StaticString) th
     guard let pointer else {
         return nil
     }
-    // protobuf-c allocated length + 1 bytes and wrote a NUL after the string's bytes; the
-    // arena recorded that size, so a NUL inside the string (which strlen would stop at,
-    // silently truncating it) is detected instead.
-    let length = ent_arena_allocation_size(pointer) - 1
-    if memchr(pointer, 0, length) != nil {
-        throw ProtobufError(code: .invalidString, fieldPath: "\(field)", reason: "string contains a NUL byte")
-    }
-    let utf8 = UnsafeBufferPointer(start: UnsafeRawPointer(pointer).assumingMemoryBound(to: UInt8.self), count: length)
-    guard let string = String(validating: utf8, as: UTF8.self) else {
+    // String(validatingCString:) is the stdlib's non-generic fast path (strlen, then one
+    // validating copy).
+    guard let string = String(validatingCString: pointer) else {
         throw ProtobufError(code: .invalidString, fieldPath: "\(field)", reason: "string is not valid UTF-8")
+    }
+    // protobuf-c allocated length + 1 bytes and wrote a NUL after the string's bytes; the
+    // arena recorded that size. A shorter C string means a NUL inside the string, which
+    // would otherwise silently truncate it.
+    guard string.utf8.count == ent_arena_allocation_size(pointer) - 1 else {
+        throw ProtobufError(code: .invalidString, fieldPath: "\(field)", reason: "string contains a NUL byte")
     }
     return string
 }

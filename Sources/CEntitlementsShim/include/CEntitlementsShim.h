@@ -31,7 +31,18 @@ typedef struct ent_arena {
     size_t limit;
     /// Set when an allocation was refused because of the limit (not because malloc failed).
     int exhausted;
+    /// Set when the arena struct itself was malloc'd by ent_arena_acquire.
+    int heap_allocated;
 } ent_arena;
+
+/// Takes this thread's arena, whose first 16 KiB block is thread-local memory allocated
+/// once per thread, so a typical message costs no malloc at all. If this thread's arena is
+/// already taken, returns a malloc'd arena instead; NULL only if that malloc fails.
+/// Give it back with ent_arena_finish on the same thread.
+ent_arena *ent_arena_acquire(size_t limit);
+
+/// Releases everything `arena` allocated and returns it to its thread (or frees it).
+void ent_arena_finish(ent_arena *arena);
 
 /// Prepares an arena over `initial` (may be NULL with size 0).
 void ent_arena_init(ent_arena *arena, void *initial, size_t initial_size, size_t limit);

@@ -1,0 +1,65 @@
+# The two commands of the README:
+#   make run    install what is missing, build release, run the demo
+#   make test   install what is missing, check generated code, build, run every test
+#               (and the protobuf-c shim tests again under AddressSanitizer)
+# Other targets: deps, generate, check-generated, build, test-asan, bench-codec, clean.
+
+SHELL := /bin/bash
+SWIFT ?= swift
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export PIP_ROOT_USER_ACTION := ignore
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test deps generate check-generated build test-unit test-asan bench-codec clean
+
+run: deps
+	$(SWIFT) build -c release --product entitlements
+	.build/release/entitlements demo
+
+test: deps check-generated test-unit test-asan
+
+# Debian packages for protobuf-c (library, protoc-c), Google's protoc (used by the tests
+# and codegen) and pkg-config (SwiftPM finds libprotobuf-c with it); Python's protobuf
+# package for codegen/protoc-gen-swift-shim. Installs only what is missing.
+deps:
+	@missing=""; \
+	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
+	pkg-config --exists libprotobuf-c 2>/dev/null || missing="$$missing libprotobuf-c-dev"; \
+	command -v protoc-c >/dev/null || missing="$$missing protobuf-c-compiler"; \
+	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
+	command -v python3 >/dev/null || missing="$$missing python3 python3-protobuf"; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@python3 -c 'import google.protobuf' 2>/dev/null \
+	  || python3 -m pip install --quiet protobuf 2>/dev/null \
+	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-protobuf >/dev/null; }
+	@python3 -c 'import google.protobuf' \
+	  || { echo "make deps: python3 cannot import google.protobuf; install it with pip or apt (python3-protobuf)" >&2; exit 1; }
+
+generate: deps
+	codegen/generate.sh
+
+check-generated: deps
+	codegen/generate.sh --check
+
+build: deps
+	$(SWIFT) build
+
+test-unit: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build
+
+# The shim's tests under AddressSanitizer (with LeakSanitizer): every unpacked message
+# and every arena chunk must be freed. A separate scratch path keeps the normal build.
+test-asan: deps
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/Tests/lsan-suppressions.txt:print_suppressions=0 \
+	  $(SWIFT) test --sanitize=address --scratch-path .build-asan --filter EntitlementsMessagesTests
+
+# Encode+decode cost of a typical CheckEntitlementsResponse (package-benchmark, release).
+bench-codec: deps
+	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark --target CodecBenchmarks
+
+clean:
+	rm -rf .build .build-asan benchmarks/.build

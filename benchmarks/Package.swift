@@ -1,0 +1,36 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+import struct Foundation.URL
+
+// A path dependency's identity is its folder's name, which differs between clones.
+let mainPackage = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().lastPathComponent
+
+// Benchmarks live in their own package so that the main build never compiles the
+// benchmark harness (package-benchmark) or, later, the gRPC peers.
+let package = Package(
+    name: "entitlements-benchmarks",
+    platforms: [.macOS(.v14)],
+    dependencies: [
+        .package(path: ".."),
+        .package(url: "https://github.com/ordo-one/benchmark.git", from: "1.38.1", traits: ["MallocInterposer"]),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+    ],
+    targets: [
+        // Microbenchmarks of the wire path: protobuf-c shim and frame codec.
+        .executableTarget(
+            name: "CodecBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "EntitlementsWire", package: mainPackage),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            path: "Benchmarks/CodecBenchmarks",
+            swiftSettings: [.swiftLanguageMode(.v6)],
+            plugins: [
+                .plugin(name: "BenchmarkPlugin", package: "benchmark")
+            ]
+        ),
+    ]
+)

@@ -3,6 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+// Under AddressSanitizer every allocation gets its own malloc'd chunk, exactly sized, so
+// that ASan's redzones catch an overflow of any single string or struct (a shared bump
+// block would hide it), and LeakSanitizer sees each one.
+#if defined(__SANITIZE_ADDRESS__)
+#define ENT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ENT_ASAN 1
+#endif
+#endif
+
 #define ENT_ALIGN 8u
 #define ENT_HEADER sizeof(size_t)
 #define ENT_MIN_CHUNK 16384u
@@ -94,6 +105,18 @@ void *ent_arena_alloc(ent_arena *arena, size_t size) {
         arena->exhausted = 1;
         return NULL;
     }
+#ifdef ENT_ASAN
+    ent_arena_chunk *exact = malloc(sizeof(ent_arena_chunk) + ENT_HEADER + size);
+    if (exact == NULL) {
+        return NULL;
+    }
+    exact->next = arena->chunks;
+    arena->chunks = exact;
+    arena->used += needed;
+    size_t *exact_header = (size_t *)(exact + 1);
+    *exact_header = size;
+    return exact_header + 1;
+#endif
     if (arena->cursor == NULL || (size_t)(arena->end - arena->cursor) < needed) {
         size_t chunk_size = needed > ENT_MIN_CHUNK ? needed : ENT_MIN_CHUNK;
         ent_arena_chunk *chunk = malloc(sizeof(ent_arena_chunk) + chunk_size);

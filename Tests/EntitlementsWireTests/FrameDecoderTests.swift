@@ -124,6 +124,35 @@ struct FrameDecoderTests {
         #expect(header.capacity == capacityBefore)
     }
 
+    @Test("a zero-length payload is a valid frame with an empty payload")
+    func zeroLengthPayload() throws {
+        var decoder = FrameDecoder()
+        var buffer = ByteBuffer()
+        buffer.writeFrame(.request(id: 9, method: .health, payload: ByteBuffer()))
+        #expect(buffer.readableBytes == Frame.headerSize)
+        let frame = try #require(try decoder.decode(buffer: &buffer))
+        #expect(frame.type == .request && frame.method == .health && frame.requestID == 9)
+        #expect(frame.payload.readableBytes == 0)
+    }
+
+    @Test("FrameEncoder in a pipeline writes exactly what writeFrame writes")
+    func encoderInPipeline() throws {
+        let channel = EmbeddedChannel(handler: MessageToByteHandler(FrameEncoder()))
+        for frame in Self.sampleFrames {
+            try channel.writeOutbound(frame)
+        }
+        var expected = ByteBuffer()
+        for frame in Self.sampleFrames {
+            expected.writeFrame(frame)
+        }
+        var written = ByteBuffer()
+        while var chunk = try channel.readOutbound(as: ByteBuffer.self) {
+            written.writeBuffer(&chunk)
+        }
+        #expect(written == expected)
+        #expect(try channel.finish().isClean)
+    }
+
     @Test("the maximum itself is accepted")
     func lengthAtMaximum() throws {
         var decoder = FrameDecoder(maximumPayloadSize: 16)

@@ -15,10 +15,13 @@ let package = Package(
         .executable(name: "entitlements", targets: ["entitlements"]),
         .library(name: "EntitlementsMessages", targets: ["EntitlementsMessages"]),
         .library(name: "EntitlementsWire", targets: ["EntitlementsWire"]),
+        .library(name: "EntitlementsResolver", targets: ["EntitlementsResolver"]),
+        .library(name: "EntitlementsFormats", targets: ["EntitlementsFormats"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
         // MARK: C: libprotobuf-c, the protoc-c output, and the arena shim.
@@ -58,12 +61,28 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The entitlement rules: a customer's records and the catalog in, entitlements out.
+        // Pure: no I/O, no clock.
+        .target(
+            name: "EntitlementsResolver",
+            dependencies: ["EntitlementsMessages"],
+            swiftSettings: swiftSettings
+        ),
+        // The JSON formats of docs/data-formats.md: catalog.json, customers.jsonl, and the
+        // JSON and table output of an answer.
+        .target(
+            name: "EntitlementsFormats",
+            dependencies: ["EntitlementsMessages"],
+            swiftSettings: swiftSettings
+        ),
         // The `entitlements` command-line tool.
         .executableTarget(
             name: "entitlements",
             dependencies: [
                 "EntitlementsMessages",
                 "EntitlementsWire",
+                "EntitlementsResolver",
+                "EntitlementsFormats",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
@@ -77,6 +96,23 @@ let package = Package(
             dependencies: [
                 "EntitlementsMessages",
                 .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsResolverTests",
+            dependencies: [
+                "EntitlementsResolver",
+                "EntitlementsMessages",
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsFormatsTests",
+            dependencies: [
+                "EntitlementsFormats",
+                "EntitlementsMessages",
             ],
             swiftSettings: swiftSettings
         ),

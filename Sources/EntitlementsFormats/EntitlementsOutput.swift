@@ -1,0 +1,95 @@
+public import EntitlementsMessages
+
+/// The output formats of an answer (docs/data-formats.md, "Output"): JSON for programs,
+/// a table for people. `entitlements resolve` and `entitlements check` print these.
+public enum EntitlementsOutput {
+    /// The JSON document `{"requestDate": ..., "validUntil": ..., "entitlements": {...}}`,
+    /// every Entitlement field named as in the schema (camelCase), dates as RFC 3339 UTC
+    /// with milliseconds, absent values as null.
+    public static func json(_ response: CheckEntitlementsResponse, pretty: Bool = true) -> String {
+        JSONValue.object([
+            ("requestDate", .date(response.requestDate)),
+            ("validUntil", .date(response.validUntil)),
+            ("entitlements", .object(response.entitlements.map { ($0.id ?? "", Self.json($0)) })),
+        ]).serialized(pretty: pretty)
+    }
+
+    static func json(_ entitlement: Entitlement) -> JSONValue {
+        .object([
+            ("id", .string(entitlement.id)),
+            ("isActive", .bool(entitlement.isActive)),
+            ("source", .name(entitlement.source)),
+            ("startedDate", .date(entitlement.startedDate)),
+            ("trialStartDate", .date(entitlement.trialStartDate)),
+            ("firstPurchaseDate", .date(entitlement.firstPurchaseDate)),
+            ("lastPurchaseDate", .date(entitlement.lastPurchaseDate)),
+            ("autoRenewDisableDate", .date(entitlement.autoRenewDisableDate)),
+            ("expirationDate", .date(entitlement.expirationDate)),
+            ("productId", .string(entitlement.productId)),
+            ("renewState", .name(entitlement.renewState)),
+            ("renewsCount", .int(Int64(entitlement.renewsCount))),
+            ("grantType", .name(entitlement.grantType)),
+            ("lastActivatedOfferCode", .string(entitlement.lastActivatedOfferCode)),
+            ("transactions", .array(entitlement.transactions.map(Self.json))),
+            ("willRenew", .bool(entitlement.willRenew)),
+            ("isInGracePeriod", .bool(entitlement.isInGracePeriod)),
+            ("isInBillingRetry", .bool(entitlement.isInBillingRetry)),
+            ("isRevoked", .bool(entitlement.isRevoked)),
+            ("ownershipType", .name(entitlement.ownershipType)),
+            ("periodType", .name(entitlement.periodType)),
+            ("gracePeriodExpirationDate", .date(entitlement.gracePeriodExpirationDate)),
+            ("billingIssueDetectedDate", .date(entitlement.billingIssueDetectedDate)),
+        ])
+    }
+
+    static func json(_ transaction: Transaction) -> JSONValue {
+        .object([
+            ("originalTransactionId", .string(transaction.originalTransactionId)),
+            ("transactionId", .string(transaction.transactionId)),
+            ("store", .name(transaction.store)),
+            ("productId", .string(transaction.productId)),
+            ("offerCode", .string(transaction.offerCode)),
+            ("transactionDate", .date(transaction.transactionDate)),
+            ("expirationDate", .date(transaction.expirationDate)),
+            ("revocationDate", .date(transaction.revocationDate)),
+            ("environment", .name(transaction.environment)),
+            ("ownershipType", .name(transaction.ownershipType)),
+            ("type", .name(transaction.type)),
+        ])
+    }
+
+    /// A table for people: one row per entitlement, then when the answer can change.
+    public static func table(_ response: CheckEntitlementsResponse) -> String {
+        var lines: [String] = []
+        let user = response.userId ?? "?"
+        let customer = response.customerId.map { $0 == user ? "" : " (customer \($0))" } ?? " (unknown user)"
+        lines.append("\(user)\(customer) at \(response.requestDate.map(RFC3339.format) ?? "?")")
+        if response.entitlements.isEmpty {
+            lines.append("no entitlements")
+        } else {
+            var rows = [["ENTITLEMENT", "ACTIVE", "SOURCE", "PRODUCT", "EXPIRES", "RENEW STATE"]]
+            for entitlement in response.entitlements {
+                var active = entitlement.isActive ? "yes" : "no"
+                if entitlement.isInGracePeriod { active += " (grace)" }
+                if entitlement.isRevoked { active += " (revoked)" }
+                rows.append([
+                    entitlement.id ?? "",
+                    active,
+                    entitlement.source.jsonName ?? "-",
+                    entitlement.productId ?? "-",
+                    entitlement.expirationDate.map(RFC3339.format) ?? "never",
+                    entitlement.renewState.jsonName ?? "-",
+                ])
+            }
+            let widths = rows[0].indices.map { column in rows.map { $0[column].count }.max() ?? 0 }
+            for row in rows {
+                let cells = row.enumerated().map { index, cell in
+                    index == row.count - 1 ? cell : cell + String(repeating: " ", count: widths[index] - cell.count)
+                }
+                lines.append(cells.joined(separator: "  "))
+            }
+        }
+        lines.append("valid until \(response.validUntil.map(RFC3339.format) ?? "further notice (no pending change)")")
+        return lines.joined(separator: "\n")
+    }
+}

@@ -2,7 +2,8 @@
 #   make run    install what is missing, build release, run the demo
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
-# Other targets: deps, generate, check-generated, build, test-asan, bench-codec, clean.
+# Other targets: deps, generate, check-generated, build, test-asan, bench-codec,
+# bench-resolver, clean.
 
 SHELL := /bin/bash
 SWIFT ?= swift
@@ -10,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test deps generate check-generated build test-unit test-asan bench-codec clean
+.PHONY: run test deps generate check-generated build test-unit test-asan bench-codec bench-resolver clean
 
 run: deps
 	$(SWIFT) build -c release --product entitlements
@@ -57,9 +58,13 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/Tests/lsan-suppressions.txt:print_suppressions=0 \
 	  $(SWIFT) test --sanitize=address --scratch-path .build-asan --filter EntitlementsMessagesTests
 
-# Encode+decode cost of a typical CheckEntitlementsResponse (package-benchmark, release).
+# Microbenchmarks (package-benchmark, release): the protobuf-c shim and frame codec, and
+# the resolver. See benchmarks/README.md.
 bench-codec: deps
 	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark --target CodecBenchmarks
+
+bench-resolver: deps
+	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark --target ResolverBenchmarks
 
 clean:
 	rm -rf .build .build-asan benchmarks/.build

@@ -103,6 +103,7 @@ let package = Package(
             name: "EntitlementsResolverTests",
             dependencies: [
                 "EntitlementsResolver",
+                "EntitlementsFormats",
                 "EntitlementsMessages",
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],

@@ -32,5 +32,19 @@ let package = Package(
                 .plugin(name: "BenchmarkPlugin", package: "benchmark")
             ]
         ),
+        // The entitlement resolver on typical and heavy customers.
+        .executableTarget(
+            name: "ResolverBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "EntitlementsResolver", package: mainPackage),
+            ],
+            path: "Benchmarks/ResolverBenchmarks",
+            swiftSettings: [.swiftLanguageMode(.v6)],
+            plugins: [
+                .plugin(name: "BenchmarkPlugin", package: "benchmark")
+            ]
+        ),
     ]
 )

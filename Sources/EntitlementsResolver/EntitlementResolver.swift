@@ -69,33 +69,41 @@ public struct EntitlementResolver: Sendable {
         let wanted = entitlementIds.isEmpty ? nil : Set(entitlementIds)
 
         // Rule 1: group the counted transactions into chains. Every date of a transaction
-        // in this environment can change the answer (rule 12), counted or not.
-        var chains: [ChainKey: [Transaction]] = [:]
-        for transaction in customer.transactions where transaction.effectiveEnvironment == environment {
+        // in this environment can change the answer (rule 12), counted or not. Chains hold
+        // indices into the customer's transactions, so nothing is copied until a winner's
+        // fields are filled in; customers have few chains, so a linear search beats hashing.
+        let transactions = customer.transactions
+        var chains: [(key: ChainKey, members: [Int])] = []
+        for (index, transaction) in transactions.enumerated() where transaction.effectiveEnvironment == environment {
             guard let date = transaction.transactionDate else {
                 continue  // input validation rejects these; never count an undated transaction
             }
             evaluation.noteChange(at: date)
             evaluation.noteChange(at: transaction.expirationDate)
             evaluation.noteChange(at: transaction.revocationDate)
-            if date <= instant {
-                chains[ChainKey(transaction), default: []].append(transaction)
+            guard date <= instant else {
+                continue
+            }
+            let key = ChainKey(transaction)
+            if let chain = chains.firstIndex(where: { $0.key == key }) {
+                chains[chain].members.append(index)
+            } else {
+                chains.append((key, [index]))
             }
         }
-        var states: [ChainKey: SubscriptionState] = [:]
         for state in customer.subscriptions {
-            // A chain has one state: input validation and the write path guarantee it.
-            states[ChainKey(store: state.store, originalTransactionId: state.originalTransactionId ?? "")] = state
-        }
-        for state in states.values {
             evaluation.noteChange(at: state.gracePeriodExpirationDate)
             evaluation.noteChange(at: state.billingIssueDetectedDate)
         }
 
         // Rule 5: candidates per entitlement; rule 6: keep the best of each.
-        var best: [String: Candidate] = [:]
-        for (key, transactions) in chains {
-            let chain = Chain(key: key, transactions: transactions, state: states[key], at: instant)
+        var best: [(entitlementId: String, candidate: Candidate)] = []
+        for (key, members) in chains {
+            // A chain has one state: input validation and the write path guarantee it.
+            let state = customer.subscriptions.last {
+                $0.store == key.store && ($0.originalTransactionId ?? "") == key.originalTransactionId
+            }
+            let chain = Chain(key: key, all: transactions, members: members, state: state, at: instant)
             for entitlementId in self.catalog.entitlements(unlockedBy: chain.current.productId)
             where wanted?.contains(entitlementId) ?? true {
                 Self.offer(Candidate(chain: chain), for: entitlementId, to: &best)
@@ -114,17 +122,23 @@ public struct EntitlementResolver: Sendable {
         }
 
         // Rule 7: one entry per entitlement with a candidate, sorted by id.
-        let entitlements = best.sorted { $0.key < $1.key }.map { entitlementId, winner in
-            winner.entitlement(id: entitlementId, at: instant)
-        }
+        best.sort { $0.entitlementId < $1.entitlementId }
+        let entitlements = best.map { $0.candidate.entitlement(id: $0.entitlementId, at: instant) }
         return Resolution(entitlements: entitlements, validUntil: evaluation.validUntil)
     }
 
-    private static func offer(_ candidate: Candidate, for entitlementId: String, to best: inout [String: Candidate]) {
-        if let current = best[entitlementId], !candidate.beats(current) {
+    private static func offer(
+        _ candidate: Candidate,
+        for entitlementId: String,
+        to best: inout [(entitlementId: String, candidate: Candidate)]
+    ) {
+        guard let index = best.firstIndex(where: { $0.entitlementId == entitlementId }) else {
+            best.append((entitlementId, candidate))
             return
         }
-        best[entitlementId] = candidate
+        if candidate.beats(best[index].candidate) {
+            best[index].candidate = candidate
+        }
     }
 }
 
@@ -166,19 +180,23 @@ private struct ChainKey: Hashable {
 /// One chain's state at T (rules 2, 3, 8, 9).
 private struct Chain {
     let key: ChainKey
-    /// The counted transactions, oldest first (ties: smaller transaction id first).
-    let transactions: [Transaction]
+    /// The customer's transactions; the chain's are `members`.
+    let all: [Transaction]
+    /// Indices of the counted transactions in `all`, oldest first (ties: smaller
+    /// transaction id first).
+    let members: [Int]
     let state: SubscriptionState?
     let isRevoked: Bool
     let isActive: Bool
 
-    var current: Transaction { self.transactions[self.transactions.count - 1] }
+    var current: Transaction { self.all[self.members[self.members.count - 1]] }
 
-    init(key: ChainKey, transactions: [Transaction], state: SubscriptionState?, at instant: Int64) {
+    init(key: ChainKey, all: [Transaction], members: [Int], state: SubscriptionState?, at instant: Int64) {
         self.key = key
-        self.transactions = transactions.sorted(by: Transaction.isOrderedBefore)
+        self.all = all
+        self.members = members.count < 2 ? members : members.sorted { Transaction.isOrderedBefore(all[$0], all[$1]) }
         self.state = state
-        let current = self.transactions[self.transactions.count - 1]
+        let current = all[self.members[self.members.count - 1]]
         // Rule 2.
         self.isRevoked = current.revocationDate.map { $0 <= instant } ?? false
         // Rule 3.
@@ -307,13 +325,32 @@ private struct Candidate {
     /// Rules 8 and 9: the fields a winning chain supplies.
     private static func entitlement(id: String, chain: Chain, at instant: Int64) -> Entitlement {
         let current = chain.current
-        let paid = chain.transactions.filter { $0.type != .trialStarted }
+        let transactions = chain.members.map { chain.all[$0] }
+        var paidCount = 0
+        var firstPurchaseDate: Int64?
+        var lastPurchaseDate: Int64?
+        var trialStartDate: Int64?
+        var hasOfferCode = false
+        var lastActivatedOfferCode: String?
+        for transaction in transactions {
+            if transaction.type == .trialStarted {
+                trialStartDate = trialStartDate ?? transaction.transactionDate
+            } else {
+                paidCount += 1
+                firstPurchaseDate = firstPurchaseDate ?? transaction.transactionDate
+                lastPurchaseDate = transaction.transactionDate
+            }
+            if let offerCode = transaction.offerCode, !offerCode.isEmpty {
+                hasOfferCode = true
+                lastActivatedOfferCode = offerCode
+            }
+        }
         let renewState = chain.renewState(at: instant)
         let ownershipType = current.ownershipType
         let grantType: GrantType
         if ownershipType == .familySharing {
             grantType = .familySharing
-        } else if chain.transactions.contains(where: { !($0.offerCode ?? "").isEmpty }) {
+        } else if hasOfferCode {
             grantType = .offerCode
         } else {
             grantType = .purchase
@@ -328,18 +365,18 @@ private struct Candidate {
             id: id,
             isActive: chain.isActive,
             source: chain.key.store,
-            startedDate: chain.transactions.first?.transactionDate,
-            trialStartDate: chain.transactions.first(where: { $0.type == .trialStarted })?.transactionDate,
-            firstPurchaseDate: paid.first?.transactionDate,
-            lastPurchaseDate: paid.last?.transactionDate,
+            startedDate: transactions.first?.transactionDate,
+            trialStartDate: trialStartDate,
+            firstPurchaseDate: firstPurchaseDate,
+            lastPurchaseDate: lastPurchaseDate,
             autoRenewDisableDate: chain.state?.autoRenewDisabledDate,
             expirationDate: current.expirationDate,
             productId: current.productId,
             renewState: renewState,
-            renewsCount: UInt32(max(0, paid.count - 1)),
+            renewsCount: UInt32(max(0, paidCount - 1)),
             grantType: grantType,
-            lastActivatedOfferCode: chain.transactions.last(where: { !($0.offerCode ?? "").isEmpty })?.offerCode,
-            transactions: chain.transactions,
+            lastActivatedOfferCode: lastActivatedOfferCode,
+            transactions: transactions,
             willRenew: renewState == .willRenew,
             isInGracePeriod: chain.isActive && current.expirationDate.map { instant >= $0 } ?? false,
             isInBillingRetry: (chain.state?.isInBillingRetry ?? false) && renewState == .billingIssue,

@@ -17,6 +17,7 @@ let package = Package(
         .library(name: "EntitlementsWire", targets: ["EntitlementsWire"]),
         .library(name: "EntitlementsResolver", targets: ["EntitlementsResolver"]),
         .library(name: "EntitlementsFormats", targets: ["EntitlementsFormats"]),
+        .library(name: "EntitlementsStore", targets: ["EntitlementsStore"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -75,6 +76,17 @@ let package = Package(
             dependencies: ["EntitlementsMessages"],
             swiftSettings: swiftSettings
         ),
+        // What the service answers from: the snapshot file and the LRU cache of answers.
+        // Storage only: no networking.
+        .target(
+            name: "EntitlementsStore",
+            dependencies: [
+                "EntitlementsMessages",
+                "EntitlementsResolver",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The `entitlements` command-line tool.
         .executableTarget(
             name: "entitlements",
@@ -83,6 +95,7 @@ let package = Package(
                 "EntitlementsWire",
                 "EntitlementsResolver",
                 "EntitlementsFormats",
+                "EntitlementsStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],

@@ -1,0 +1,90 @@
+public import EntitlementsMessages
+public import EntitlementsResolver
+public import NIOCore
+
+/// Which answer a request asks for: the canonical customer and the request's shape. Two
+/// requests share a cache entry only if all three parts are equal; the entitlement filter
+/// is sorted and deduplicated, so `["pro", "premium"]` and `["premium", "pro", "pro"]` do.
+public struct CacheKey: Hashable, Sendable {
+    /// The canonical customer id (never an alias).
+    public let customerId: String
+    /// Production or sandbox; unspecified is normalised to production.
+    public let environment: Environment
+    /// The requested entitlements, sorted and unique; empty means all.
+    public let entitlementFilter: [String]
+
+    /// Creates a key, normalising the environment and the filter.
+    public init(customerId: String, environment: Environment = .production, entitlementIds: [String] = []) {
+        self.customerId = customerId
+        self.environment = environment == .unspecified ? .production : environment
+        self.entitlementFilter = entitlementIds.count < 2 ? entitlementIds : Array(Set(entitlementIds)).sorted()
+    }
+
+    /// The bytes the key's strings occupy, for the cache's accounting.
+    var byteCount: Int {
+        self.customerId.utf8.count + self.entitlementFilter.reduce(0) { $0 + $1.utf8.count + 16 }
+    }
+}
+
+/// A resolved answer in its wire form, ready to send: the encoded `entitlements` entries
+/// of a CheckEntitlementsResponse (field 5), valid for evaluation instants in
+/// [`resolvedAt`, `validUntil`).
+///
+/// Protobuf messages may be concatenated field by field, so a response is the few bytes
+/// of its per-request fields (user id, customer id, request date, validUntil) followed by
+/// these bytes, byte-for-byte what encoding the whole message would give.
+public struct CachedAnswer: Sendable, Hashable {
+    /// The encoded `repeated Entitlement entitlements = 5` entries.
+    public let encodedEntitlements: [UInt8]
+    /// The instant the answer was resolved at; it is exact from there.
+    public let resolvedAt: Int64
+    /// The instant from which the answer may be wrong; nil if never.
+    public let validUntil: Int64?
+
+    /// Encodes `resolution`, resolved at `resolvedAt`.
+    public init(_ resolution: Resolution, resolvedAt: Int64) throws {
+        self.encodedEntitlements = try CheckEntitlementsResponse(entitlements: resolution.entitlements).serializedBytes()
+        self.resolvedAt = resolvedAt
+        self.validUntil = resolution.validUntil
+    }
+
+    /// Whether the answer is exact at `instant`.
+    public func isValid(at instant: Int64) -> Bool {
+        self.resolvedAt <= instant && self.validUntil.map { instant < $0 } ?? true
+    }
+
+    /// Appends the encoded CheckEntitlementsResponse for this answer to `buffer`.
+    public func writeResponse(userId: String, customerId: String, requestDate: Int64, into buffer: inout ByteBuffer) {
+        Self.writeString(userId, field: 1, into: &buffer)
+        Self.writeString(customerId, field: 2, into: &buffer)
+        Self.writeVarint(UInt64(3 << 3), into: &buffer)
+        Self.writeVarint(UInt64(bitPattern: requestDate), into: &buffer)
+        if let validUntil = self.validUntil {
+            Self.writeVarint(UInt64(4 << 3), into: &buffer)
+            Self.writeVarint(UInt64(bitPattern: validUntil), into: &buffer)
+        }
+        buffer.writeBytes(self.encodedEntitlements)
+    }
+
+    /// The response as a message (decodes what ``writeResponse(userId:customerId:requestDate:into:)`` writes).
+    public func response(userId: String, customerId: String, requestDate: Int64) throws -> CheckEntitlementsResponse {
+        var buffer = ByteBuffer()
+        self.writeResponse(userId: userId, customerId: customerId, requestDate: requestDate, into: &buffer)
+        return try CheckEntitlementsResponse(buffer: buffer)
+    }
+
+    private static func writeString(_ value: String, field: UInt64, into buffer: inout ByteBuffer) {
+        Self.writeVarint(field << 3 | 2, into: &buffer)
+        Self.writeVarint(UInt64(value.utf8.count), into: &buffer)
+        buffer.writeString(value)
+    }
+
+    private static func writeVarint(_ value: UInt64, into buffer: inout ByteBuffer) {
+        var value = value
+        while value >= 0x80 {
+            buffer.writeInteger(UInt8(truncatingIfNeeded: value) | 0x80)
+            value >>= 7
+        }
+        buffer.writeInteger(UInt8(value))
+    }
+}

@@ -1,0 +1,141 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A file read and written by offset (pread/pwrite), so that concurrent readers need no
+/// lock and nothing is held in memory but what is being read. Errors are SnapshotErrors
+/// naming the path and the system's reason.
+final class FileDescriptor: Sendable {
+    let fd: Int32
+    let path: String
+
+    private init(fd: Int32, path: String) {
+        self.fd = fd
+        self.path = path
+    }
+
+    deinit {
+        close(self.fd)
+    }
+
+    static func openForReading(_ path: String) throws -> FileDescriptor {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw Self.error(path, "cannot open")
+        }
+        return FileDescriptor(fd: fd, path: path)
+    }
+
+    /// Creates `path` exclusively (it must not exist) for writing.
+    static func create(_ path: String) throws -> FileDescriptor {
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard fd >= 0 else {
+            throw Self.error(path, "cannot create")
+        }
+        return FileDescriptor(fd: fd, path: path)
+    }
+
+    func size() throws -> UInt64 {
+        var status = stat()
+        guard fstat(self.fd, &status) == 0 else {
+            throw Self.error(self.path, "cannot stat")
+        }
+        return UInt64(status.st_size)
+    }
+
+    /// Reads exactly `count` bytes at `offset` into `buffer`; throws `.truncated` if the
+    /// file ends first.
+    func read(into buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: UInt64) throws {
+        precondition(count <= buffer.count)
+        var done = 0
+        while done < count {
+            let result = pread(self.fd, buffer.baseAddress! + done, count - done, off_t(offset) + off_t(done))
+            if result < 0 {
+                if errno == EINTR { continue }
+                throw Self.error(self.path, "cannot read \(count) bytes at offset \(offset)")
+            }
+            if result == 0 {
+                throw SnapshotError(
+                    code: .truncated,
+                    path: self.path,
+                    offset: offset + UInt64(done),
+                    reason: "the file ends \(count - done) bytes short of what its header describes"
+                )
+            }
+            done += result
+        }
+    }
+
+    func read(count: Int, at offset: UInt64) throws -> [UInt8] {
+        try [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            try self.read(into: UnsafeMutableRawBufferPointer(buffer), count: count, at: offset)
+            initialized = count
+        }
+    }
+
+    /// Reads up to `count` bytes at `offset`, fewer only at the end of the file.
+    func readUpTo(into buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: UInt64) throws -> Int {
+        var done = 0
+        while done < count {
+            let result = pread(self.fd, buffer.baseAddress! + done, count - done, off_t(offset) + off_t(done))
+            if result < 0 {
+                if errno == EINTR { continue }
+                throw Self.error(self.path, "cannot read at offset \(offset)")
+            }
+            if result == 0 { break }
+            done += result
+        }
+        return done
+    }
+
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: UInt64) throws {
+        var done = 0
+        while done < bytes.count {
+            let result = pwrite(self.fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
+            if result < 0 {
+                if errno == EINTR { continue }
+                throw Self.error(self.path, "cannot write at offset \(offset)")
+            }
+            done += result
+        }
+    }
+
+    func sync() throws {
+        guard fsync(self.fd) == 0 else {
+            throw Self.error(self.path, "cannot fsync")
+        }
+    }
+
+    /// fsyncs the directory holding `path`, so that a rename into it is durable.
+    static func syncDirectory(of path: String) throws {
+        let directory = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."
+        let fd = open(directory.isEmpty ? "/" : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw Self.error(directory, "cannot open the directory to fsync it")
+        }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else {
+            throw Self.error(directory, "cannot fsync the directory")
+        }
+    }
+
+    /// Atomically replaces `to` with `from` (rename(2)).
+    static func move(_ from: String, to: String) throws {
+        guard rename(from, to) == 0 else {
+            throw Self.error(to, "cannot rename \(from) to it")
+        }
+    }
+
+    static func remove(_ path: String) {
+        unlink(path)
+    }
+
+    static func error(_ path: String, _ what: String) -> SnapshotError {
+        let reason = String(cString: strerror(errno))
+        return SnapshotError(code: .io, path: path, reason: "\(what): \(reason)")
+    }
+}

@@ -1,0 +1,263 @@
+/// A least-recently-used cache of answers, bounded by bytes. O(1) lookup, insertion and
+/// eviction: a dictionary from key to slot, and a doubly linked list threaded through an
+/// array of slots by index (no per-entry objects, no reference counting on the list).
+///
+/// A value type with no locks: each resolver actor owns one shard (see
+/// ``shardIndex(for:shardCount:)``), so a shard is only ever touched by its owner.
+///
+/// An entry is served only while it is exact: for instants in [resolvedAt, validUntil).
+/// A lookup at or after validUntil removes the entry (an expiration) and misses.
+public struct LRUCache: Sendable {
+    /// What the cache has done since it was created.
+    public struct Statistics: Sendable, Hashable {
+        /// Lookups answered from the cache.
+        public var hits: UInt64 = 0
+        /// Lookups not answered (absent, expired, or asked for an instant before resolution).
+        public var misses: UInt64 = 0
+        /// Entries removed because their validUntil had passed.
+        public var expirations: UInt64 = 0
+        /// Entries removed to make room.
+        public var evictions: UInt64 = 0
+        /// Entries inserted or replaced.
+        public var insertions: UInt64 = 0
+        /// Bytes accounted to current entries (see ``LRUCache/entryOverhead``).
+        public var bytes: Int = 0
+        /// Current entries.
+        public var entries: Int = 0
+    }
+
+    /// Bytes charged per entry on top of its strings and encoded answer: the dictionary
+    /// slot, the list node, and the heap headers of the key's and the answer's storage.
+    /// Measured, not guessed: see docs/snapshot-format.md, "Cache memory".
+    public static let entryOverhead = 192
+
+    private struct Node {
+        var key: CacheKey
+        var answer: CachedAnswer
+        var cost: Int
+        var lastUsed: Int64
+        var previous: Int32
+        var next: Int32
+    }
+
+    /// The most bytes the entries may account for.
+    public let budgetBytes: Int
+    public private(set) var statistics = Statistics()
+
+    private var slots: [CacheKey: Int32] = [:]
+    private var nodes: [Node] = []
+    private var freeSlots: [Int32] = []
+    /// Most recently used; -1 when empty.
+    private var head: Int32 = -1
+    /// Least recently used; -1 when empty.
+    private var tail: Int32 = -1
+
+    /// Creates an empty cache that holds at most `budgetBytes` of entries.
+    public init(budgetBytes: Int) {
+        precondition(budgetBytes >= 0)
+        self.budgetBytes = budgetBytes
+    }
+
+    /// The shard that owns `customerId` among `shardCount` shards: stable across runs, so
+    /// that a customer always goes to the same resolver actor.
+    public static func shardIndex(for customerId: String, shardCount: Int) -> Int {
+        precondition(shardCount > 0)
+        return Int(KeyHash.hash(customerId) % UInt64(shardCount))
+    }
+
+    /// What an entry for `key` and `answer` costs against the budget.
+    public static func cost(of key: CacheKey, _ answer: CachedAnswer) -> Int {
+        key.byteCount + answer.encodedEntitlements.count + Self.entryOverhead
+    }
+
+    /// The answer for `key` if it is exact at `instant`; marks it most recently used.
+    public mutating func answer(for key: CacheKey, at instant: Int64) -> CachedAnswer? {
+        guard let slot = self.slots[key] else {
+            self.statistics.misses += 1
+            return nil
+        }
+        let answer = self.nodes[Int(slot)].answer
+        if let validUntil = answer.validUntil, instant >= validUntil {
+            self.remove(slot: slot)
+            self.statistics.expirations += 1
+            self.statistics.misses += 1
+            return nil
+        }
+        guard instant >= answer.resolvedAt else {
+            // A question about the past: the entry may not hold then. Keep it for others.
+            self.statistics.misses += 1
+            return nil
+        }
+        self.nodes[Int(slot)].lastUsed = max(self.nodes[Int(slot)].lastUsed, instant)
+        self.moveToFront(slot)
+        self.statistics.hits += 1
+        return answer
+    }
+
+    /// Stores `answer` for `key` (replacing any entry) as the most recently used, evicting
+    /// the least recently used entries until it fits. Returns false, storing nothing, if
+    /// the entry alone exceeds the budget.
+    @discardableResult
+    public mutating func insert(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
+        self.insert(answer, for: key, at: instant, evicting: true, asLeastRecent: false)
+    }
+
+    /// Stores `answer` only if it fits without evicting anything, as the least recently
+    /// used entry: warm-up inserts the hot list hottest first this way, so that the cache's
+    /// recency order is the hot list's. Returns whether it was stored.
+    @discardableResult
+    public mutating func insertIfRoom(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
+        self.insert(answer, for: key, at: instant, evicting: false, asLeastRecent: true)
+    }
+
+    /// Whether an entry of `cost` bytes fits without evicting anything.
+    public func hasRoom(for cost: Int) -> Bool {
+        self.statistics.bytes + cost <= self.budgetBytes
+    }
+
+    /// Removes every entry of `customerId` (all request shapes), e.g. after a write.
+    /// O(entries); writes are rare next to checks.
+    public mutating func removeAll(customerId: String) {
+        let doomed = self.slots.compactMap { $0.key.customerId == customerId ? $0.value : nil }
+        for slot in doomed {
+            self.remove(slot: slot)
+        }
+    }
+
+    /// Customer ids from most to least recently used, each once, with the instant of its
+    /// last use: what a new snapshot's hot list is made of.
+    public func recency() -> [(customerId: String, lastUsed: Int64)] {
+        var seen = Set<String>()
+        var result: [(String, Int64)] = []
+        var slot = self.head
+        while slot >= 0 {
+            let node = self.nodes[Int(slot)]
+            if seen.insert(node.key.customerId).inserted {
+                result.append((node.key.customerId, node.lastUsed))
+            }
+            slot = node.next
+        }
+        return result
+    }
+
+    /// Keys from most to least recently used.
+    public var keysByRecency: [CacheKey] {
+        var keys: [CacheKey] = []
+        var slot = self.head
+        while slot >= 0 {
+            keys.append(self.nodes[Int(slot)].key)
+            slot = self.nodes[Int(slot)].next
+        }
+        return keys
+    }
+
+    // MARK: The list
+
+    private mutating func insert(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64, evicting: Bool, asLeastRecent: Bool) -> Bool {
+        let cost = Self.cost(of: key, answer)
+        guard cost <= self.budgetBytes else {
+            return false
+        }
+        if let existing = self.slots[key] {
+            self.remove(slot: existing)
+        }
+        if !evicting && !self.hasRoom(for: cost) {
+            return false
+        }
+        while !self.hasRoom(for: cost), self.tail >= 0 {
+            self.remove(slot: self.tail)
+            self.statistics.evictions += 1
+        }
+        let node = Node(key: key, answer: answer, cost: cost, lastUsed: instant, previous: -1, next: -1)
+        let slot: Int32
+        if let reused = self.freeSlots.popLast() {
+            slot = reused
+            self.nodes[Int(slot)] = node
+        } else {
+            slot = Int32(self.nodes.count)
+            self.nodes.append(node)
+        }
+        self.slots[key] = slot
+        if asLeastRecent {
+            self.linkAtBack(slot)
+        } else {
+            self.linkAtFront(slot)
+        }
+        self.statistics.bytes += cost
+        self.statistics.entries += 1
+        self.statistics.insertions += 1
+        return true
+    }
+
+    private mutating func remove(slot: Int32) {
+        self.unlink(slot)
+        let node = self.nodes[Int(slot)]
+        self.slots[node.key] = nil
+        self.statistics.bytes -= node.cost
+        self.statistics.entries -= 1
+        // Drop the key's and answer's storage now, not when the slot is reused.
+        self.nodes[Int(slot)].key = CacheKey(customerId: "")
+        self.nodes[Int(slot)].answer = CachedAnswer.empty
+        self.freeSlots.append(slot)
+    }
+
+    private mutating func moveToFront(_ slot: Int32) {
+        guard self.head != slot else {
+            return
+        }
+        self.unlink(slot)
+        self.linkAtFront(slot)
+    }
+
+    private mutating func linkAtFront(_ slot: Int32) {
+        self.nodes[Int(slot)].previous = -1
+        self.nodes[Int(slot)].next = self.head
+        if self.head >= 0 {
+            self.nodes[Int(self.head)].previous = slot
+        }
+        self.head = slot
+        if self.tail < 0 {
+            self.tail = slot
+        }
+    }
+
+    private mutating func linkAtBack(_ slot: Int32) {
+        self.nodes[Int(slot)].next = -1
+        self.nodes[Int(slot)].previous = self.tail
+        if self.tail >= 0 {
+            self.nodes[Int(self.tail)].next = slot
+        }
+        self.tail = slot
+        if self.head < 0 {
+            self.head = slot
+        }
+    }
+
+    private mutating func unlink(_ slot: Int32) {
+        let previous = self.nodes[Int(slot)].previous
+        let next = self.nodes[Int(slot)].next
+        if previous >= 0 {
+            self.nodes[Int(previous)].next = next
+        } else {
+            self.head = next
+        }
+        if next >= 0 {
+            self.nodes[Int(next)].previous = previous
+        } else {
+            self.tail = previous
+        }
+        self.nodes[Int(slot)].previous = -1
+        self.nodes[Int(slot)].next = -1
+    }
+}
+
+extension CachedAnswer {
+    /// A placeholder for freed slots.
+    static let empty = CachedAnswer(encodedEntitlements: [], resolvedAt: 0, validUntil: nil)
+
+    init(encodedEntitlements: [UInt8], resolvedAt: Int64, validUntil: Int64?) {
+        self.encodedEntitlements = encodedEntitlements
+        self.resolvedAt = resolvedAt
+        self.validUntil = validUntil
+    }
+}

@@ -87,6 +87,16 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The operations behind `entitlements snapshot ...`, and synthetic data.
+        .target(
+            name: "EntitlementsTools",
+            dependencies: [
+                "EntitlementsMessages",
+                "EntitlementsFormats",
+                "EntitlementsStore",
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The `entitlements` command-line tool.
         .executableTarget(
             name: "entitlements",
@@ -96,6 +106,7 @@ let package = Package(
                 "EntitlementsResolver",
                 "EntitlementsFormats",
                 "EntitlementsStore",
+                "EntitlementsTools",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
@@ -127,6 +138,18 @@ let package = Package(
             dependencies: [
                 "EntitlementsFormats",
                 "EntitlementsMessages",
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsStoreTests",
+            dependencies: [
+                "EntitlementsStore",
+                "EntitlementsMessages",
+                "EntitlementsResolver",
+                "EntitlementsFormats",
+                "EntitlementsTools",
+                .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -7,6 +7,6 @@ struct EntitlementsCommand: ParsableCommand {
         commandName: "entitlements",
         abstract: "An entitlement check service: what may user X use right now?",
         version: "0.1.0",
-        subcommands: [DemoCommand.self, ResolveCommand.self]
+        subcommands: [DemoCommand.self, ResolveCommand.self, SnapshotCommand.self]
     )
 }

@@ -48,6 +48,11 @@ public enum CacheWarmer {
             let key = CacheKey(customerId: customerId)
             if shards[shard].insertIfRoom(answer, for: key, at: instant) {
                 report.customersCached += 1
+                // No entry is smaller than the overhead: a shard with less room is full.
+                if !shards[shard].hasRoom(for: LRUCache.entryOverhead) {
+                    full[shard] = true
+                    fullCount += 1
+                }
             } else {
                 report.customersSkipped += 1
                 full[shard] = true

@@ -30,9 +30,9 @@ final class FileDescriptor: Sendable {
         return FileDescriptor(fd: fd, path: path)
     }
 
-    /// Creates `path` exclusively (it must not exist) for writing.
+    /// Creates `path` exclusively (it must not exist) for writing and reading back.
     static func create(_ path: String) throws -> FileDescriptor {
-        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard fd >= 0 else {
             throw Self.error(path, "cannot create")
         }

@@ -301,7 +301,14 @@ public final class SnapshotReader: Sendable {
         let fanout = head.withUnsafeBytes { bytes in
             (0..<SnapshotFormat.fanoutSize).map { bytes.littleEndian(at: 8 + $0 * 4, as: UInt32.self) }
         }
-        // Entries, streamed in 1 MiB chunks: checksum, order, bucket and target offset.
+        // Entries, streamed in 1 MiB chunks: checksum, order, bucket and target offset. A
+        // checksum mismatch is the root cause of any inconsistency, so it is reported first.
+        var inconsistency: SnapshotError?
+        func note(_ offset: UInt64, _ reason: String) {
+            if inconsistency == nil {
+                inconsistency = SnapshotError(code: .corrupt, path: path, offset: offset, reason: reason)
+            }
+        }
         var previous: UInt64 = 0
         var bucketEnd = 0
         var bucket = 0
@@ -312,17 +319,20 @@ public final class SnapshotReader: Sendable {
             let count = Int(min(UInt64(chunkEntries), entryCount - position))
             let chunkOffset = range.offset + fixed + position * UInt64(SnapshotFormat.indexEntrySize)
             try chunk.withUnsafeMutableBytes { try file.read(into: $0, count: count * SnapshotFormat.indexEntrySize, at: chunkOffset) }
-            try chunk.withUnsafeBytes { bytes in
+            chunk.withUnsafeBytes { bytes in
                 crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[0..<(count * SnapshotFormat.indexEntrySize)]), continuing: crc)
+                guard inconsistency == nil else {
+                    return
+                }
                 for entry in 0..<count {
                     let hash = bytes.littleEndian(at: entry * SnapshotFormat.indexEntrySize, as: UInt64.self)
                     let target = bytes.littleEndian(at: entry * SnapshotFormat.indexEntrySize + 8, as: UInt64.self)
                     let here = chunkOffset + UInt64(entry * SnapshotFormat.indexEntrySize)
-                    guard position + UInt64(entry) == 0 || hash >= previous else {
-                        throw SnapshotError(code: .corrupt, path: path, offset: here, reason: "index entries are out of order")
+                    if position + UInt64(entry) > 0, hash < previous {
+                        note(here, "index entries are out of order")
                     }
-                    guard target >= records.offset, target < records.end else {
-                        throw SnapshotError(code: .corrupt, path: path, offset: here, reason: "index entry points at offset \(target), outside the records section \(records)")
+                    if target < records.offset || target >= records.end {
+                        note(here, "index entry points at offset \(target), outside the records section \(records)")
                     }
                     // The entry's bucket must be the one the fanout puts it in.
                     let index = Int(position) + entry
@@ -330,8 +340,8 @@ public final class SnapshotReader: Sendable {
                         bucketEnd = Int(fanout[bucket])
                         if index >= bucketEnd { bucket += 1 }
                     }
-                    guard bucket == Int(hash >> 48) else {
-                        throw SnapshotError(code: .corrupt, path: path, offset: here, reason: "index entry is not in the fanout bucket of its hash")
+                    if bucket != Int(hash >> 48) {
+                        note(here, "index entry is not in the fanout bucket of its hash")
                     }
                     previous = hash
                 }
@@ -341,6 +351,9 @@ public final class SnapshotReader: Sendable {
         let stored = try file.read(count: 4, at: range.end - 4).withUnsafeBytes { $0.littleEndian(at: 0, as: UInt32.self) }
         guard stored == crc else {
             throw Self.checksumError(path: path, offset: range.offset, what: "index section", stored: stored, computed: crc)
+        }
+        if let inconsistency {
+            throw inconsistency
         }
         for bucket in 1..<SnapshotFormat.fanoutSize where fanout[bucket] < fanout[bucket - 1] {
             throw SnapshotError(code: .corrupt, path: path, offset: range.offset + 8 + UInt64(bucket * 4), reason: "the index fanout decreases")

@@ -1,0 +1,236 @@
+import EntitlementsMessages
+import EntitlementsResolver
+import EntitlementsTools
+import NIOCore
+import Testing
+
+@testable import EntitlementsStore
+
+/// An answer whose encoded form is `size` bytes, valid from `resolvedAt` to `validUntil`.
+func answer(size: Int = 100, resolvedAt: Int64 = now, validUntil: Int64? = nil) -> CachedAnswer {
+    CachedAnswer(encodedEntitlements: [UInt8](repeating: 7, count: size), resolvedAt: resolvedAt, validUntil: validUntil)
+}
+
+func key(_ id: String) -> CacheKey {
+    CacheKey(customerId: id)
+}
+
+@Suite("LRU cache")
+struct LRUCacheTests {
+    /// The cost of one 100-byte answer for a 2-character id.
+    static let unit = LRUCache.cost(of: key("c0"), answer())
+
+    @Test("the least recently used entry is evicted first; a lookup makes an entry recent")
+    func evictionOrder() {
+        var cache = LRUCache(budgetBytes: 3 * Self.unit)
+        cache.insert(answer(), for: key("c1"), at: now)
+        cache.insert(answer(), for: key("c2"), at: now)
+        cache.insert(answer(), for: key("c3"), at: now)
+        let recent = cache.answer(for: key("c1"), at: now)
+        #expect(recent != nil)  // c1 is now most recent
+        cache.insert(answer(), for: key("c4"), at: now)  // evicts c2, the least recent
+        #expect(cache.keysByRecency.map(\.customerId) == ["c4", "c1", "c3"])
+        let evicted = cache.answer(for: key("c2"), at: now)
+        #expect(evicted == nil)
+        #expect(cache.statistics.evictions == 1)
+        cache.insert(answer(), for: key("c5"), at: now)  // evicts c3
+        #expect(cache.keysByRecency.map(\.customerId) == ["c5", "c4", "c1"])
+    }
+
+    @Test("bytes are accounted exactly: key, answer and overhead, and freed on removal")
+    func byteAccounting() {
+        var cache = LRUCache(budgetBytes: 1 << 20)
+        let small = answer(size: 10)
+        let large = answer(size: 5_000)
+        let filtered = CacheKey(customerId: "customer-with-a-long-id", environment: .sandbox, entitlementIds: ["pro", "premium"])
+        cache.insert(small, for: key("a"), at: now)
+        cache.insert(large, for: filtered, at: now)
+        let expected = (1 + 10 + LRUCache.entryOverhead) + (23 + 3 + 16 + 7 + 16 + 5_000 + LRUCache.entryOverhead)
+        #expect(cache.statistics.bytes == expected)
+        #expect(cache.statistics.entries == 2)
+        // Replacing an entry replaces its cost.
+        cache.insert(answer(size: 20), for: key("a"), at: now)
+        #expect(cache.statistics.bytes == expected + 10)
+        cache.removeAll(customerId: "customer-with-a-long-id")
+        #expect(cache.statistics.bytes == 1 + 20 + LRUCache.entryOverhead)
+        #expect(cache.statistics.entries == 1)
+    }
+
+    @Test("the budget is never exceeded, whatever the sizes")
+    func budgetHolds() {
+        var cache = LRUCache(budgetBytes: 50_000)
+        var state: UInt64 = 9
+        for index in 0..<5_000 {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            let size = Int(state >> 33) % 3_000
+            cache.insert(answer(size: size), for: key("c\(index % 700)"), at: now)
+            #expect(cache.statistics.bytes <= 50_000)
+        }
+        #expect(cache.statistics.entries == cache.keysByRecency.count)
+    }
+
+    @Test("an entry too large for the whole budget is refused, not stored")
+    func tooLarge() {
+        var cache = LRUCache(budgetBytes: 1_000)
+        cache.insert(answer(size: 10), for: key("a"), at: now)
+        let stored = cache.insert(answer(size: 2_000), for: key("b"), at: now)
+        #expect(!stored)
+        #expect(cache.statistics.entries == 1)
+    }
+
+    @Test("an entry past its validUntil is never served, and is dropped", arguments: [
+        (now + day - 1, true),
+        (now + day, false),
+        (now + 2 * day, false),
+    ])
+    func expiry(instant: Int64, served: Bool) {
+        var cache = LRUCache(budgetBytes: 1 << 20)
+        cache.insert(answer(validUntil: now + day), for: key("a"), at: now)
+        let found = cache.answer(for: key("a"), at: instant)
+        #expect((found != nil) == served)
+        #expect(cache.statistics.expirations == (served ? 0 : 1))
+        #expect(cache.statistics.entries == (served ? 1 : 0))
+    }
+
+    @Test("a question about an instant before the answer was resolved misses, and keeps the entry")
+    func pastInstant() {
+        var cache = LRUCache(budgetBytes: 1 << 20)
+        cache.insert(answer(resolvedAt: now), for: key("a"), at: now)
+        let before = cache.answer(for: key("a"), at: now - 1)
+        #expect(before == nil)
+        let after = cache.answer(for: key("a"), at: now)
+        #expect(after != nil)
+        #expect(cache.statistics.hits == 1 && cache.statistics.misses == 1)
+    }
+
+    @Test("keys: different request shapes never share an entry; equivalent ones do")
+    func keys() {
+        var cache = LRUCache(budgetBytes: 1 << 20)
+        cache.insert(answer(size: 1), for: CacheKey(customerId: "a"), at: now)
+        cache.insert(answer(size: 2), for: CacheKey(customerId: "a", environment: .sandbox), at: now)
+        cache.insert(answer(size: 3), for: CacheKey(customerId: "a", entitlementIds: ["pro"]), at: now)
+        cache.insert(answer(size: 4), for: CacheKey(customerId: "a", entitlementIds: ["pro", "premium"]), at: now)
+        #expect(cache.statistics.entries == 4)
+        let production = cache.answer(for: CacheKey(customerId: "a", environment: .unspecified), at: now)
+        #expect(production?.encodedEntitlements.count == 1)
+        let sandbox = cache.answer(for: CacheKey(customerId: "a", environment: .sandbox), at: now)
+        #expect(sandbox?.encodedEntitlements.count == 2)
+        let filtered = cache.answer(for: CacheKey(customerId: "a", entitlementIds: ["premium", "pro", "pro"]), at: now)
+        #expect(filtered?.encodedEntitlements.count == 4)
+        // An id that contains what a naive string key would use as a separator is its own key.
+        let lookalike = cache.answer(for: CacheKey(customerId: "a|pro"), at: now)
+        #expect(lookalike == nil)
+    }
+
+    @Test("shards: every customer has one stable shard in range")
+    func shards() {
+        for count in [1, 2, 7, 16] {
+            for index in 0..<200 {
+                let shard = LRUCache.shardIndex(for: "user-\(index)", shardCount: count)
+                #expect((0..<count).contains(shard))
+                #expect(shard == LRUCache.shardIndex(for: "user-\(index)", shardCount: count))
+            }
+        }
+        // The hash is fixed by the file format: the same on every machine and run.
+        #expect(KeyHash.hash("user-1") == 0x41A2_FCA5_C684_01C5)
+    }
+}
+
+@Suite("cached answers")
+struct CachedAnswerTests {
+    @Test("a response assembled from a cached answer is byte-for-byte the encoded message")
+    func assembledResponse() throws {
+        let resolver = EntitlementResolver(catalog: SyntheticData.catalog)
+        let data = SyntheticData(seed: 5, now: now)
+        for index in 0..<300 {
+            let record = data.customer(index)
+            let resolution = resolver.resolve(record, at: now)
+            let cached = try CachedAnswer(resolution, resolvedAt: now)
+            var assembled = ByteBuffer()
+            cached.writeResponse(userId: "$anon:x", customerId: record.id!, requestDate: now + 5, into: &assembled)
+            let whole = try CheckEntitlementsResponse(
+                userId: "$anon:x",
+                customerId: record.id,
+                requestDate: now + 5,
+                validUntil: resolution.validUntil,
+                entitlements: resolution.entitlements
+            ).serializedBytes()
+            #expect(Array(assembled.readableBytesView) == whole)
+        }
+    }
+
+    @Test("negative dates encode as protobuf-c encodes them")
+    func negativeDates() throws {
+        let cached = CachedAnswer(encodedEntitlements: [], resolvedAt: -5, validUntil: -1)
+        var assembled = ByteBuffer()
+        cached.writeResponse(userId: "u", customerId: "c", requestDate: -5, into: &assembled)
+        let whole = try CheckEntitlementsResponse(userId: "u", customerId: "c", requestDate: -5, validUntil: -1).serializedBytes()
+        #expect(Array(assembled.readableBytesView) == whole)
+    }
+}
+
+@Suite("cache warm-up")
+struct CacheWarmerTests {
+    static func snapshot(in scratch: borrowing ScratchDirectory, hotList: [String]) throws -> SnapshotReader {
+        let path = scratch.file("data.snap")
+        var writer = try SnapshotWriter(path: path, catalog: SyntheticData.catalog, createdDate: now)
+        let data = SyntheticData(seed: 11, now: now)
+        for index in 0..<100 {
+            try writer.append(data.customer(index))
+        }
+        try writer.finish(hotList: hotList)
+        return try SnapshotReader(path: path)
+    }
+
+    @Test("warm-up fills the hot set first, hottest first, and evicts nothing")
+    func hotSetFirst() throws {
+        let scratch = try ScratchDirectory()
+        let hot = ["user-42", "user-7", "ghost", "user-3", "user-90"]
+        let reader = try Self.snapshot(in: scratch, hotList: hot)
+        let resolver = EntitlementResolver(catalog: reader.catalog)
+        // A budget for exactly the first two customers.
+        let cost = { (id: String) in
+            LRUCache.cost(of: CacheKey(customerId: id), try! CachedAnswer(resolver.resolve(try! reader.customer(for: id), at: now), resolvedAt: now))
+        }
+        var shards = [LRUCache(budgetBytes: cost("user-42") + cost("user-7"))]
+        let report = try CacheWarmer.warm(&shards, from: reader, resolver: resolver, at: now)
+        #expect(report.customersCached == 2)
+        #expect(report.customersMissing == 0)  // warm-up stopped before reaching "ghost"
+        #expect(report.stoppedFull)
+        #expect(shards[0].keysByRecency.map(\.customerId) == ["user-42", "user-7"])
+        #expect(shards[0].statistics.evictions == 0)
+        #expect(CacheWarmer.hotList(of: shards) == ["user-42", "user-7"])
+        // The cached answer is the resolver's.
+        let recent0 = shards[0].answer(for: CacheKey(customerId: "user-7"), at: now)
+        let cached = try #require(recent0)
+        #expect(try cached.response(userId: "user-7", customerId: "user-7", requestDate: now).entitlements
+            == resolver.resolve(try reader.customer(for: "user-7"), at: now).entitlements)
+    }
+
+    @Test("with room for all, every hot customer is cached and missing ones are counted")
+    func wholeList() throws {
+        let scratch = try ScratchDirectory()
+        let hot = ["user-1", "ghost", "user-2", "user-3"]
+        let reader = try Self.snapshot(in: scratch, hotList: hot)
+        var shards = (0..<3).map { _ in LRUCache(budgetBytes: 1 << 20) }
+        let report = try CacheWarmer.warm(&shards, from: reader, resolver: EntitlementResolver(catalog: reader.catalog), at: now)
+        #expect(report.customersCached == 3 && report.customersMissing == 1 && !report.stoppedFull)
+        for id in ["user-1", "user-2", "user-3"] {
+            let shard = LRUCache.shardIndex(for: id, shardCount: 3)
+            let recent1 = shards[shard].answer(for: CacheKey(customerId: id), at: now)
+            #expect(recent1 != nil)
+        }
+    }
+
+    @Test("the hot list of a new snapshot reflects what was actually used, most recent first")
+    func hotListFromUse() {
+        var shards = (0..<2).map { _ in LRUCache(budgetBytes: 1 << 20) }
+        for (offset, id) in ["a", "b", "c", "d"].enumerated() {
+            let shard = LRUCache.shardIndex(for: id, shardCount: 2)
+            shards[shard].insert(answer(), for: CacheKey(customerId: id), at: now + Int64(offset))
+        }
+        let shardOfB = LRUCache.shardIndex(for: "b", shardCount: 2)
+        _ = shards[shardOfB].answer(for: CacheKey(customerId: "b"), at: now + 10)
+        #expect(CacheWarmer.hotList(of: shards) == ["b", "d", "c", "a"])
+    }
+}

@@ -18,6 +18,7 @@ let package = Package(
         .library(name: "EntitlementsResolver", targets: ["EntitlementsResolver"]),
         .library(name: "EntitlementsFormats", targets: ["EntitlementsFormats"]),
         .library(name: "EntitlementsStore", targets: ["EntitlementsStore"]),
+        .library(name: "EntitlementsTools", targets: ["EntitlementsTools"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),

@@ -46,5 +46,35 @@ let package = Package(
                 .plugin(name: "BenchmarkPlugin", package: "benchmark")
             ]
         ),
+        // The cache hit and the snapshot read-through miss, with malloc counts.
+        .executableTarget(
+            name: "StoreBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "EntitlementsResolver", package: mainPackage),
+                .product(name: "EntitlementsStore", package: mainPackage),
+                .product(name: "EntitlementsTools", package: mainPackage),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            path: "Benchmarks/StoreBenchmarks",
+            swiftSettings: [.swiftLanguageMode(.v6)],
+            plugins: [
+                .plugin(name: "BenchmarkPlugin", package: "benchmark")
+            ]
+        ),
+        // Memory and cost of the store on a large snapshot: RSS under a cache budget,
+        // cache hit and read-through miss cost (a plain executable; see README).
+        .executableTarget(
+            name: "StoreProbe",
+            dependencies: [
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "EntitlementsResolver", package: mainPackage),
+                .product(name: "EntitlementsStore", package: mainPackage),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            path: "Sources/StoreProbe",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
     ]
 )

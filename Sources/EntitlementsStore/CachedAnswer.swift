@@ -53,17 +53,49 @@ public struct CachedAnswer: Sendable, Hashable {
         self.resolvedAt <= instant && self.validUntil.map { instant < $0 } ?? true
     }
 
-    /// Appends the encoded CheckEntitlementsResponse for this answer to `buffer`.
+    /// Appends the encoded CheckEntitlementsResponse for this answer to `buffer`: the
+    /// per-request fields, then the cached bytes, in one reservation and one pass.
     public func writeResponse(userId: String, customerId: String, requestDate: Int64, into buffer: inout ByteBuffer) {
-        Self.writeString(userId, field: 1, into: &buffer)
-        Self.writeString(customerId, field: 2, into: &buffer)
-        Self.writeVarint(UInt64(3 << 3), into: &buffer)
-        Self.writeVarint(UInt64(bitPattern: requestDate), into: &buffer)
-        if let validUntil = self.validUntil {
-            Self.writeVarint(UInt64(4 << 3), into: &buffer)
-            Self.writeVarint(UInt64(bitPattern: validUntil), into: &buffer)
+        var userId = userId
+        var customerId = customerId
+        // Two strings (tag, up to 5 length bytes) and two int64 fields (tag, up to 10 bytes).
+        let most = 12 + userId.utf8.count + customerId.utf8.count + 22 + self.encodedEntitlements.count
+        buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: most) { out in
+            var position = 0
+            func varint(_ value: UInt64) {
+                var value = value
+                while value >= 0x80 {
+                    out[position] = UInt8(truncatingIfNeeded: value) | 0x80
+                    position += 1
+                    value >>= 7
+                }
+                out[position] = UInt8(value)
+                position += 1
+            }
+            func bytes(_ source: UnsafeRawBufferPointer) {
+                guard let base = source.baseAddress, source.count > 0 else { return }
+                (out.baseAddress! + position).copyMemory(from: base, byteCount: source.count)
+                position += source.count
+            }
+            userId.withUTF8 { utf8 in
+                varint(1 << 3 | 2)
+                varint(UInt64(utf8.count))
+                bytes(UnsafeRawBufferPointer(utf8))
+            }
+            customerId.withUTF8 { utf8 in
+                varint(2 << 3 | 2)
+                varint(UInt64(utf8.count))
+                bytes(UnsafeRawBufferPointer(utf8))
+            }
+            varint(3 << 3)
+            varint(UInt64(bitPattern: requestDate))
+            if let validUntil = self.validUntil {
+                varint(4 << 3)
+                varint(UInt64(bitPattern: validUntil))
+            }
+            self.encodedEntitlements.withUnsafeBytes { bytes($0) }
+            return position
         }
-        buffer.writeBytes(self.encodedEntitlements)
     }
 
     /// The response as a message (decodes what ``writeResponse(userId:customerId:requestDate:into:)`` writes).
@@ -71,20 +103,5 @@ public struct CachedAnswer: Sendable, Hashable {
         var buffer = ByteBuffer()
         self.writeResponse(userId: userId, customerId: customerId, requestDate: requestDate, into: &buffer)
         return try CheckEntitlementsResponse(buffer: buffer)
-    }
-
-    private static func writeString(_ value: String, field: UInt64, into buffer: inout ByteBuffer) {
-        Self.writeVarint(field << 3 | 2, into: &buffer)
-        Self.writeVarint(UInt64(value.utf8.count), into: &buffer)
-        buffer.writeString(value)
-    }
-
-    private static func writeVarint(_ value: UInt64, into buffer: inout ByteBuffer) {
-        var value = value
-        while value >= 0x80 {
-            buffer.writeInteger(UInt8(truncatingIfNeeded: value) | 0x80)
-            value >>= 7
-        }
-        buffer.writeInteger(UInt8(value))
     }
 }

@@ -15,8 +15,9 @@ enum SnapshotFormat {
     static let fanoutSize = 65_536
     /// An index entry: key hash (u64), record offset (u64).
     static let indexEntrySize = 16
-    /// How much a record read asks for at once; most records fit, so one pread suffices.
-    static let speculativeReadSize = 4_096
+    /// How much a record read asks for at once: most records (about 500 bytes) fit, so one
+    /// pread suffices; a larger one costs a second.
+    static let speculativeReadSize = 1_024
 }
 
 /// Where a section of the file is.

@@ -1,0 +1,78 @@
+import Benchmark
+import EntitlementsMessages
+import EntitlementsResolver
+import EntitlementsStore
+import EntitlementsTools
+import Foundation
+import NIOCore
+
+let now: Int64 = 1_795_305_600_000  // 2026-11-22
+let customers = 100_000
+
+let benchmarks: @Sendable () -> Void = {
+    Benchmark.defaultConfiguration = .init(
+        metrics: [.wallClock, .mallocCountTotal, .throughput],
+        timeUnits: .nanoseconds,
+        warmupIterations: 10,
+        scalingFactor: .kilo,
+        maxDuration: .seconds(3),
+        maxIterations: 100_000
+    )
+
+    // A 100k-customer synthetic snapshot in the temporary directory (page-cached, as a
+    // serving snapshot is).
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("store-benchmarks-\(getpid()).snap").path
+    _ = try! SnapshotTools.generate(count: customers, seed: 1, now: now, outputPath: path)
+    let reader = try! SnapshotReader(path: path)
+    try? FileManager.default.removeItem(atPath: path)  // the open descriptor keeps it readable
+    let resolver = EntitlementResolver(catalog: reader.catalog)
+    let ids = (0..<4_096).map { "user-\(($0 &* 7_919) % customers)" }
+    let keys = ids.map { CacheKey(customerId: $0) }
+
+    // 4,096 entries, all resident: the cost of the hit path itself.
+    var warmCache = LRUCache(budgetBytes: 256 << 20)
+    for id in ids {
+        warmCache.insert(try! CachedAnswer(resolver.resolve(try! reader.customer(for: id), at: now), resolvedAt: now), for: CacheKey(customerId: id), at: now)
+    }
+    let cache = warmCache
+
+    Benchmark("cache hit: lookup + response assembly") { benchmark in
+        var cache = cache
+        var buffer = ByteBuffer()
+        buffer.reserveCapacity(4_096)
+        var index = 0
+        for _ in benchmark.scaledIterations {
+            index = (index + 1) & 4_095
+            buffer.clear()
+            if let answer = cache.answer(for: keys[index], at: now) {
+                answer.writeResponse(userId: ids[index], customerId: ids[index], requestDate: now, into: &buffer)
+            }
+            blackHole(buffer)
+        }
+    }
+
+    Benchmark("miss: snapshot read + resolve + encode + insert") { benchmark in
+        var cache = LRUCache(budgetBytes: 1 << 20)  // small: most lookups miss and evict
+        var buffer = ByteBuffer()
+        buffer.reserveCapacity(4_096)
+        var index = 0
+        for _ in benchmark.scaledIterations {
+            index = (index &+ 7_919) % customers
+            let id = "user-\(index)"
+            buffer.clear()
+            let record = try reader.customer(for: id)
+            let answer = try CachedAnswer(resolver.resolve(record, at: now), resolvedAt: now)
+            cache.insert(answer, for: CacheKey(customerId: id), at: now)
+            answer.writeResponse(userId: id, customerId: id, requestDate: now, into: &buffer)
+            blackHole(buffer)
+        }
+    }
+
+    Benchmark("snapshot lookup alone (index + record read + decode)") { benchmark in
+        var index = 0
+        for _ in benchmark.scaledIterations {
+            index = (index &+ 7_919) % customers
+            blackHole(try reader.customer(for: "user-\(index)"))
+        }
+    }
+}

@@ -3,7 +3,7 @@
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
 # Other targets: deps, generate, check-generated, build, test-asan, bench-codec,
-# bench-resolver, clean.
+# bench-resolver, bench-store, clean.
 
 SHELL := /bin/bash
 SWIFT ?= swift
@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test deps generate check-generated build test-unit test-asan bench-codec bench-resolver clean
+.PHONY: run test deps generate check-generated build test-unit test-asan bench-codec bench-resolver bench-store clean
 
 run: deps
 	$(SWIFT) build -c release --product entitlements
@@ -65,6 +65,9 @@ bench-codec: deps
 
 bench-resolver: deps
 	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark --target ResolverBenchmarks
+
+bench-store: deps
+	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark --target StoreBenchmarks
 
 clean:
 	rm -rf .build .build-asan benchmarks/.build

@@ -19,10 +19,12 @@ let package = Package(
         .library(name: "EntitlementsFormats", targets: ["EntitlementsFormats"]),
         .library(name: "EntitlementsStore", targets: ["EntitlementsStore"]),
         .library(name: "EntitlementsTools", targets: ["EntitlementsTools"]),
+        .library(name: "EntitlementsServer", targets: ["EntitlementsServer"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.2"),
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
@@ -85,6 +87,20 @@ let package = Package(
                 "EntitlementsMessages",
                 "EntitlementsResolver",
                 .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The framed RPC server: connections, the resolver actor pool, graceful shutdown.
+        .target(
+            name: "EntitlementsServer",
+            dependencies: [
+                "EntitlementsMessages",
+                "EntitlementsWire",
+                "EntitlementsResolver",
+                "EntitlementsStore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOExtras", package: "swift-nio-extras"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -48,6 +48,11 @@ public struct CachedAnswer: Sendable, Hashable {
         self.validUntil = resolution.validUntil
     }
 
+    /// The answer with no entitlements (an unknown user), valid from `resolvedAt` on.
+    public static func empty(resolvedAt: Int64) -> CachedAnswer {
+        CachedAnswer(encodedEntitlements: [], resolvedAt: resolvedAt, validUntil: nil)
+    }
+
     /// Whether the answer is exact at `instant`.
     public func isValid(at instant: Int64) -> Bool {
         self.resolvedAt <= instant && self.validUntil.map { instant < $0 } ?? true
@@ -55,9 +60,10 @@ public struct CachedAnswer: Sendable, Hashable {
 
     /// Appends the encoded CheckEntitlementsResponse for this answer to `buffer`: the
     /// per-request fields, then the cached bytes, in one reservation and one pass.
-    public func writeResponse(userId: String, customerId: String, requestDate: Int64, into buffer: inout ByteBuffer) {
+    public func writeResponse(userId: String, customerId: String?, requestDate: Int64, into buffer: inout ByteBuffer) {
         var userId = userId
-        var customerId = customerId
+        let hasCustomer = customerId != nil
+        var customerId = customerId ?? ""
         // Two strings (tag, up to 5 length bytes) and two int64 fields (tag, up to 10 bytes).
         let most = 12 + userId.utf8.count + customerId.utf8.count + 22 + self.encodedEntitlements.count
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: most) { out in
@@ -82,10 +88,12 @@ public struct CachedAnswer: Sendable, Hashable {
                 varint(UInt64(utf8.count))
                 bytes(UnsafeRawBufferPointer(utf8))
             }
-            customerId.withUTF8 { utf8 in
-                varint(2 << 3 | 2)
-                varint(UInt64(utf8.count))
-                bytes(UnsafeRawBufferPointer(utf8))
+            if hasCustomer {
+                customerId.withUTF8 { utf8 in
+                    varint(2 << 3 | 2)
+                    varint(UInt64(utf8.count))
+                    bytes(UnsafeRawBufferPointer(utf8))
+                }
             }
             varint(3 << 3)
             varint(UInt64(bitPattern: requestDate))
@@ -99,7 +107,7 @@ public struct CachedAnswer: Sendable, Hashable {
     }
 
     /// The response as a message (decodes what ``writeResponse(userId:customerId:requestDate:into:)`` writes).
-    public func response(userId: String, customerId: String, requestDate: Int64) throws -> CheckEntitlementsResponse {
+    public func response(userId: String, customerId: String?, requestDate: Int64) throws -> CheckEntitlementsResponse {
         var buffer = ByteBuffer()
         self.writeResponse(userId: userId, customerId: customerId, requestDate: requestDate, into: &buffer)
         return try CheckEntitlementsResponse(buffer: buffer)

@@ -1,0 +1,130 @@
+public import EntitlementsStore
+import EntitlementsWire
+public import NIOCore
+import NIOExtras
+public import NIOPosix
+import Synchronization
+
+/// Whether the server is serving, and since when: what Health reports.
+final class ServerHealth: Sendable {
+    private let started = NIODeadline.now()
+    private let serving = Atomic<Bool>(true)
+
+    var isServing: Bool { self.serving.load(ordering: .relaxed) }
+
+    func stopServing() {
+        self.serving.store(false, ordering: .relaxed)
+    }
+
+    var uptimeMilliseconds: UInt64 {
+        UInt64(max(0, (NIODeadline.now() - self.started).nanoseconds / 1_000_000))
+    }
+}
+
+/// The framed RPC server of docs/PROTOCOL.md: listens on TCP and/or a Unix socket,
+/// decodes frames on the event loops, and answers from a ``ResolverPool``.
+public final class EntitlementsServer: Sendable {
+    /// The bound TCP address (with the real port when configured with port 0).
+    public let tcpAddress: SocketAddress?
+    /// The Unix socket path, if any.
+    public let unixSocketPath: String?
+    /// The resolvers and their caches.
+    public let pool: ResolverPool
+
+    private let listeners: [any Channel]
+    private let quiescing: ServerQuiescingHelper
+    private let health: ServerHealth
+    private let group: any EventLoopGroup
+
+    private init(
+        tcpAddress: SocketAddress?,
+        unixSocketPath: String?,
+        pool: ResolverPool,
+        listeners: [any Channel],
+        quiescing: ServerQuiescingHelper,
+        health: ServerHealth,
+        group: any EventLoopGroup
+    ) {
+        self.tcpAddress = tcpAddress
+        self.unixSocketPath = unixSocketPath
+        self.pool = pool
+        self.listeners = listeners
+        self.quiescing = quiescing
+        self.health = health
+        self.group = group
+    }
+
+    /// Opens the resolvers over `snapshot`, warms their caches (at `instant`, default now),
+    /// and starts listening.
+    public static func start(
+        snapshot: SnapshotReader,
+        configuration: ServerConfiguration,
+        group: MultiThreadedEventLoopGroup,
+        warmAt instant: Int64? = nil
+    ) async throws -> EntitlementsServer {
+        let loops = Array(group.makeIterator())
+        let pool = try ResolverPool(
+            count: max(1, configuration.resolvers),
+            eventLoops: loops,
+            snapshot: snapshot,
+            cacheBytes: configuration.cacheBytes,
+            warmAt: instant ?? ServerConnectionHandler.now()
+        )
+        let health = ServerHealth()
+        let quiescing = ServerQuiescingHelper(group: group)
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 1_024)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(quiescing.makeServerChannelHandler(channel: channel))
+                }
+            }
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.maxMessagesPerRead, value: 16)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers(
+                        ByteToMessageHandler(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize)),
+                        ServerConnectionHandler(pool: pool, configuration: configuration, health: health)
+                    )
+                }
+            }
+        var listeners: [any Channel] = []
+        var tcpAddress: SocketAddress?
+        do {
+            if let tcp = configuration.tcp {
+                let channel = try await bootstrap.bind(host: tcp.host, port: tcp.port).get()
+                listeners.append(channel)
+                tcpAddress = channel.localAddress
+            }
+            if let path = configuration.unixSocketPath {
+                let channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+                listeners.append(channel)
+            }
+        } catch {
+            for channel in listeners {
+                try? await channel.close()
+            }
+            throw error
+        }
+        return EntitlementsServer(
+            tcpAddress: tcpAddress,
+            unixSocketPath: configuration.unixSocketPath,
+            pool: pool,
+            listeners: listeners,
+            quiescing: quiescing,
+            health: health,
+            group: group
+        )
+    }
+
+    /// Stops accepting, sends GOAWAY on every connection, lets each finish the requests it
+    /// accepted, and returns when every connection and listener is closed.
+    public func shutdownGracefully() async {
+        self.health.stopServing()
+        let promise = self.group.next().makePromise(of: Void.self)
+        self.quiescing.initiateShutdown(promise: promise)
+        try? await promise.futureResult.get()
+    }
+}

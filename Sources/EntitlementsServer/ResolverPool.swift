@@ -1,0 +1,207 @@
+import EntitlementsMessages
+import EntitlementsResolver
+public import EntitlementsStore
+public import NIOCore
+
+/// One check, as a resolver needs it: the requested user id (a customer id or an alias)
+/// and the request's shape.
+struct CheckQuery: Sendable {
+    var userId: String
+    var environment: Environment
+    var entitlementIds: [String]
+    /// The evaluation instant (Unix milliseconds).
+    var instant: Int64
+    /// Work not started by then is abandoned.
+    var deadline: NIODeadline?
+}
+
+/// What a resolver made of a query.
+enum CheckOutcome: Sendable {
+    /// The answer; `customerId` is nil for an unknown user.
+    case answer(CachedAnswer, customerId: String?, fromCache: Bool)
+    /// The user id is an alias of a customer another resolver owns: ask it, with the
+    /// record already read.
+    case forward(shard: Int, record: CustomerRecord)
+    /// The deadline passed before the work started.
+    case deadlineExceeded
+    /// The snapshot could not be read (corruption): INTERNAL, with the reason.
+    case failed(String)
+}
+
+/// A resolver: owns one cache shard and answers the checks of the customers that hash
+/// to it (docs/architecture.md). Its executor is an event loop, so the server calls it
+/// synchronously (`assumeIsolated`) when already on that loop, and with one
+/// `EventLoop.execute` hop otherwise: no Task, no extra thread hop per request.
+///
+/// Checks run one at a time on the actor, and a miss reads the snapshot and resolves
+/// without suspending, so concurrent misses for one customer are computed once: the
+/// second finds the first's answer in the cache.
+public actor ResolverActor {
+    /// The event loop this actor runs on.
+    public nonisolated let eventLoop: any EventLoop
+    public nonisolated var unownedExecutor: UnownedSerialExecutor {
+        self.eventLoop.executor.asUnownedSerialExecutor()
+    }
+
+    let shard: Int
+    let shardCount: Int
+    private let snapshot: SnapshotReader
+    private let resolver: EntitlementResolver
+    private(set) var cache: LRUCache
+    /// alias -> canonical id, learnt from snapshot reads, so that a repeated alias check
+    /// costs no snapshot read. Bounded: cleared when it reaches `aliasLimit`.
+    private var aliases: [String: String] = [:]
+    private let aliasLimit = 100_000
+
+    init(shard: Int, shardCount: Int, eventLoop: any EventLoop, snapshot: SnapshotReader, resolver: EntitlementResolver, cache: LRUCache) {
+        self.shard = shard
+        self.shardCount = shardCount
+        self.eventLoop = eventLoop
+        self.snapshot = snapshot
+        self.resolver = resolver
+        self.cache = cache
+    }
+
+    /// The cache's counters.
+    public var cacheStatistics: LRUCache.Statistics { self.cache.statistics }
+
+    func check(_ query: CheckQuery) -> CheckOutcome {
+        if let deadline = query.deadline, NIODeadline.now() >= deadline {
+            return .deadlineExceeded
+        }
+        let canonical = self.aliases[query.userId] ?? query.userId
+        let owner = LRUCache.shardIndex(for: canonical, shardCount: self.shardCount)
+        if owner == self.shard {
+            let key = CacheKey(customerId: canonical, environment: query.environment, entitlementIds: query.entitlementIds)
+            if let answer = self.cache.answer(for: key, at: query.instant) {
+                return .answer(answer, customerId: canonical, fromCache: true)
+            }
+        }
+        let record: CustomerRecord?
+        do {
+            record = try self.snapshot.customer(for: query.userId)
+        } catch {
+            return .failed("\(error)")
+        }
+        guard let record, let customerId = record.id else {
+            return self.unknownUser(query)
+        }
+        if customerId != query.userId {
+            if self.aliases.count >= self.aliasLimit {
+                self.aliases.removeAll(keepingCapacity: true)
+            }
+            self.aliases[query.userId] = customerId
+        }
+        let recordOwner = LRUCache.shardIndex(for: customerId, shardCount: self.shardCount)
+        guard recordOwner == self.shard else {
+            return .forward(shard: recordOwner, record: record)
+        }
+        return self.answer(for: record, customerId: customerId, query)
+    }
+
+    /// The answer for `record`, which another resolver read for an alias of this
+    /// resolver's customer.
+    func check(_ query: CheckQuery, record: CustomerRecord) -> CheckOutcome {
+        if let deadline = query.deadline, NIODeadline.now() >= deadline {
+            return .deadlineExceeded
+        }
+        let customerId = record.id ?? ""
+        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
+        if let answer = self.cache.answer(for: key, at: query.instant) {
+            return .answer(answer, customerId: customerId, fromCache: true)
+        }
+        return self.answer(for: record, customerId: customerId, query)
+    }
+
+    private func answer(for record: CustomerRecord, customerId: String, _ query: CheckQuery) -> CheckOutcome {
+        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
+        if let answer = self.cache.answer(for: key, at: query.instant) {
+            return .answer(answer, customerId: customerId, fromCache: true)
+        }
+        let resolution = self.resolver.resolve(record, at: query.instant, environment: query.environment, entitlementIds: query.entitlementIds)
+        do {
+            let answer = try CachedAnswer(resolution, resolvedAt: query.instant)
+            self.cache.insert(answer, for: key, at: query.instant)
+            return .answer(answer, customerId: customerId, fromCache: false)
+        } catch {
+            return .failed("cannot encode the answer for \(customerId): \(error)")
+        }
+    }
+
+    /// Unknown users get an empty answer, valid forever (until a write creates them).
+    /// Not cached: ids that do not exist are unbounded, and the index says "absent" fast.
+    private func unknownUser(_ query: CheckQuery) -> CheckOutcome {
+        .answer(CachedAnswer.empty(resolvedAt: query.instant), customerId: nil, fromCache: false)
+    }
+}
+
+/// The resolvers, one per event loop of the server's group (or more, round-robin over
+/// the loops), and the routing of a customer to its resolver.
+public final class ResolverPool: Sendable {
+    /// The resolvers, indexed by shard.
+    public let resolvers: [ResolverActor]
+    /// The snapshot every resolver reads.
+    public let snapshot: SnapshotReader
+
+    /// Creates `count` resolvers over `snapshot`, each with `cacheBytes / count` of cache,
+    /// and warms their caches from the snapshot's hot list at `instant`.
+    public init(
+        count: Int,
+        eventLoops: [any EventLoop],
+        snapshot: SnapshotReader,
+        cacheBytes: Int,
+        warmAt instant: Int64
+    ) throws {
+        precondition(count > 0 && !eventLoops.isEmpty)
+        let resolver = EntitlementResolver(catalog: snapshot.catalog)
+        var shards = (0..<count).map { _ in LRUCache(budgetBytes: cacheBytes / count) }
+        self.warmup = try CacheWarmer.warm(&shards, from: snapshot, resolver: resolver, at: instant)
+        self.resolvers = shards.enumerated().map { index, cache in
+            ResolverActor(
+                shard: index,
+                shardCount: count,
+                eventLoop: eventLoops[index % eventLoops.count],
+                snapshot: snapshot,
+                resolver: resolver,
+                cache: cache
+            )
+        }
+        self.snapshot = snapshot
+    }
+
+    /// What warm-up did at start.
+    public let warmup: CacheWarmer.Report
+
+    /// The resolver that first handles `userId` (the owner of the customer if it is a
+    /// customer id; an alias is forwarded once its customer is known).
+    func resolver(for userId: String) -> ResolverActor {
+        self.resolvers[LRUCache.shardIndex(for: userId, shardCount: self.resolvers.count)]
+    }
+
+    /// Runs `query` on its resolver and, for an alias of another resolver's customer, on
+    /// that one too; completes `promise` with the outcome.
+    func check(_ query: CheckQuery, completing promise: EventLoopPromise<CheckOutcome>) {
+        let first = self.resolver(for: query.userId)
+        Self.onLoop(of: first) {
+            let outcome = first.assumeIsolated { $0.check(query) }
+            guard case .forward(let shard, let record) = outcome else {
+                promise.succeed(outcome)
+                return
+            }
+            // At most one extra hop: the owner has the record and never forwards.
+            let owner = self.resolvers[shard]
+            Self.onLoop(of: owner) {
+                promise.succeed(owner.assumeIsolated { $0.check(query, record: record) })
+            }
+        }
+    }
+
+    /// Runs `body` on the resolver's event loop: now if already there, else one hop.
+    private static func onLoop(of resolver: ResolverActor, _ body: @escaping @Sendable () -> Void) {
+        if resolver.eventLoop.inEventLoop {
+            body()
+        } else {
+            resolver.eventLoop.execute(body)
+        }
+    }
+}

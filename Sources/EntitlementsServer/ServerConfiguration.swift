@@ -1,0 +1,44 @@
+public import EntitlementsWire
+import NIOCore
+import NIOPosix
+
+/// How `entitlements serve` runs. Every field has the documented default.
+public struct ServerConfiguration: Sendable {
+    /// Where to accept TCP connections; nil for none. Default `127.0.0.1:7420`.
+    public var tcp: (host: String, port: Int)?
+    /// A Unix domain socket path to accept connections on too (for sidecars); nil for none.
+    public var unixSocketPath: String?
+    /// How many resolver actors (and cache shards). Default: the number of CPU cores.
+    public var resolvers: Int
+    /// The cache budget, shared equally by the resolvers. Default 256 MiB.
+    public var cacheBytes: Int
+    /// The largest frame payload accepted. Default 1 MiB.
+    public var maximumPayloadSize: Int
+    /// Requests in flight on one connection before the server stops reading it. Default 1,024.
+    public var maximumInFlightPerConnection: Int
+    /// The most user ids in one BatchCheckEntitlements. Default 1,000.
+    public var maximumBatchSize: Int
+    /// Reported by Health.
+    public var version: String
+
+    /// Creates a configuration; `resolvers` nil means one per CPU core.
+    public init(
+        tcp: (host: String, port: Int)? = ("127.0.0.1", 7420),
+        unixSocketPath: String? = nil,
+        resolvers: Int? = nil,
+        cacheBytes: Int = 256 << 20,
+        maximumPayloadSize: Int = Frame.defaultMaximumPayloadSize,
+        maximumInFlightPerConnection: Int = 1_024,
+        maximumBatchSize: Int = 1_000,
+        version: String = "0.1.0"
+    ) {
+        self.tcp = tcp
+        self.unixSocketPath = unixSocketPath
+        self.resolvers = resolvers ?? System.coreCount
+        self.cacheBytes = cacheBytes
+        self.maximumPayloadSize = maximumPayloadSize
+        self.maximumInFlightPerConnection = maximumInFlightPerConnection
+        self.maximumBatchSize = maximumBatchSize
+        self.version = version
+    }
+}

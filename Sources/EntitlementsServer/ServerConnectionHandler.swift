@@ -1,0 +1,427 @@
+import EntitlementsMessages
+import EntitlementsStore
+import EntitlementsWire
+import NIOCore
+import NIOExtras
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The server side of one connection (docs/PROTOCOL.md): turns REQUEST frames into work
+/// for the resolver pool, and answers in completion order. It enforces the protocol's
+/// rules for this connection only: a violation gets an ERROR frame and closes this
+/// connection, never another.
+///
+/// Runs on the connection's event loop; all its state is confined there.
+final class ServerConnectionHandler: ChannelInboundHandler {
+    typealias InboundIn = Frame
+    typealias OutboundOut = ByteBuffer
+
+    private let pool: ResolverPool
+    private let configuration: ServerConfiguration
+    private let health: ServerHealth
+
+    /// Calls accepted and not yet answered, with their deadline timers.
+    private var pending: [UInt64: Scheduled<Void>?] = [:]
+    private var lastRequestID: UInt64 = 0
+    private var draining = false
+    private var readsPaused = false
+    private var inReadBatch = false
+    private var needsFlush = false
+    private var context: ChannelHandlerContext!
+
+    init(pool: ResolverPool, configuration: ServerConfiguration, health: ServerHealth) {
+        self.pool = pool
+        self.configuration = configuration
+        self.health = health
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        for timer in self.pending.values {
+            timer?.cancel()
+        }
+        self.pending.removeAll()
+        self.context = nil
+    }
+
+    // MARK: Reading
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        self.inReadBatch = true
+        let frame = self.unwrapInboundIn(data)
+        switch frame.type {
+        case .request:
+            self.request(frame)
+        case .cancel:
+            self.cancel(frame.requestID)
+        case .ping:
+            self.write(header: .pong, requestID: frame.requestID, payload: nil)
+        case .pong:
+            break
+        case .error:
+            context.close(promise: nil)
+        case .response, .streamMessage, .endOfStream, .goAway:
+            self.connectionError(.invalidArgument, "a client must not send \(frame.type) frames", requestID: frame.requestID)
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        self.inReadBatch = false
+        self.flushIfNeeded()
+        context.fireChannelReadComplete()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let error = error as? FrameError {
+            self.connectionError(error.status, error.description, requestID: 0)
+        } else {
+            context.close(promise: nil)
+        }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ChannelShouldQuiesceEvent {
+            self.drain()
+        } else {
+            context.fireUserInboundEventTriggered(event)
+        }
+    }
+
+    // MARK: Requests
+
+    private func request(_ frame: Frame) {
+        guard frame.requestID > self.lastRequestID else {
+            self.connectionError(
+                .invalidArgument,
+                "request id \(frame.requestID) is not greater than the previous one (\(self.lastRequestID)); ids must increase",
+                requestID: frame.requestID
+            )
+            return
+        }
+        self.lastRequestID = frame.requestID
+        if self.draining {
+            return  // after GOAWAY: not processed, no answer; the client retries elsewhere
+        }
+        let deadline = frame.timeoutMicroseconds > 0
+            ? NIODeadline.now() + .microseconds(Int64(frame.timeoutMicroseconds)) : nil
+        switch frame.method {
+        case .checkEntitlements:
+            self.check(frame, deadline: deadline)
+        case .batchCheckEntitlements:
+            self.batchCheck(frame, deadline: deadline)
+        case .health:
+            self.healthCheck(frame)
+        default:
+            self.fail(frame.requestID, .unimplemented, "\(frame.method) is not implemented by this server")
+        }
+    }
+
+    private func check(_ frame: Frame, deadline: NIODeadline?) {
+        let request: CheckEntitlementsRequest
+        do {
+            request = try CheckEntitlementsRequest(buffer: frame.payload)
+        } catch {
+            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            return
+        }
+        if let problem = Validation.problem(userId: request.userId, field: "user_id") ?? Validation.problem(entitlementIds: request.entitlementIds) {
+            self.fail(frame.requestID, .invalidArgument, problem)
+            return
+        }
+        let userId = request.userId!
+        let query = CheckQuery(
+            userId: userId,
+            environment: request.environment,
+            entitlementIds: request.entitlementIds,
+            instant: request.at ?? Self.now(),
+            deadline: deadline
+        )
+        self.accept(frame.requestID, deadline: deadline)
+        let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
+        self.pool.check(query, completing: promise)
+        promise.futureResult.assumeIsolated().whenSuccess { outcome in
+            self.complete(frame.requestID) { buffer in
+                switch outcome {
+                case .answer(let answer, let customerId, let fromCache):
+                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: query.instant, into: &buffer)
+                    return fromCache ? .fromCache : []
+                case .deadlineExceeded, .forward:
+                    return nil
+                case .failed(let reason):
+                    buffer.writeString(reason)
+                    return nil
+                }
+            } failure: {
+                switch outcome {
+                case .failed: return .internalError
+                default: return .deadlineExceeded
+                }
+            }
+        }
+    }
+
+    private func batchCheck(_ frame: Frame, deadline: NIODeadline?) {
+        let request: BatchCheckEntitlementsRequest
+        do {
+            request = try BatchCheckEntitlementsRequest(buffer: frame.payload)
+        } catch {
+            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            return
+        }
+        guard request.userIds.count <= self.configuration.maximumBatchSize else {
+            self.fail(
+                frame.requestID,
+                .resourceExhausted,
+                "user_ids: \(request.userIds.count) users; a batch holds at most \(self.configuration.maximumBatchSize)"
+            )
+            return
+        }
+        for (index, userId) in request.userIds.enumerated() {
+            if let problem = Validation.problem(userId: userId, field: "user_ids[\(index)]") {
+                self.fail(frame.requestID, .invalidArgument, problem)
+                return
+            }
+        }
+        if let problem = Validation.problem(entitlementIds: request.entitlementIds) {
+            self.fail(frame.requestID, .invalidArgument, problem)
+            return
+        }
+        let instant = request.at ?? Self.now()
+        self.accept(frame.requestID, deadline: deadline)
+        let futures = request.userIds.map { userId in
+            let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
+            self.pool.check(
+                CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline),
+                completing: promise
+            )
+            return promise.futureResult
+        }
+        EventLoopFuture.whenAllSucceed(futures, on: self.context.eventLoop).assumeIsolated().whenSuccess { outcomes in
+            guard self.pending[frame.requestID] != nil else {
+                return  // cancelled or timed out meanwhile
+            }
+            for (userId, outcome) in zip(request.userIds, outcomes) {
+                switch outcome {
+                case .answer:
+                    continue
+                case .failed(let reason):
+                    self.fail(frame.requestID, .internalError, "user \(userId): \(reason)")
+                    return
+                case .deadlineExceeded, .forward:
+                    self.fail(frame.requestID, .deadlineExceeded, "the deadline passed before every user was checked")
+                    return
+                }
+            }
+            self.complete(frame.requestID) { buffer in
+                var single = ByteBuffer()
+                for (userId, outcome) in zip(request.userIds, outcomes) {
+                    guard case .answer(let answer, let customerId, _) = outcome else {
+                        continue
+                    }
+                    single.clear()
+                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, into: &single)
+                    // results (field 1) of BatchCheckEntitlementsResponse: tag, length, message.
+                    Self.writeVarint(1 << 3 | 2, into: &buffer)
+                    Self.writeVarint(UInt64(single.readableBytes), into: &buffer)
+                    buffer.writeImmutableBuffer(single)
+                }
+                return []
+            } failure: {
+                .internalError
+            }
+        }
+    }
+
+    private func healthCheck(_ frame: Frame) {
+        let response = HealthResponse(
+            status: self.draining || !self.health.isServing ? .notServing : .serving,
+            snapshotId: self.pool.snapshot.header.snapshotId,
+            uptimeMs: self.health.uptimeMilliseconds,
+            version: self.configuration.version
+        )
+        self.accept(frame.requestID, deadline: nil)
+        self.complete(frame.requestID) { buffer in
+            // A HealthResponse of these fields always encodes.
+            try? response.serialize(into: &buffer)
+            return []
+        } failure: {
+            .internalError
+        }
+    }
+
+    private func cancel(_ requestID: UInt64) {
+        guard self.pending[requestID] != nil else {
+            return  // already answered, or never existed: harmless
+        }
+        self.fail(requestID, .cancelled, "cancelled by the client")
+    }
+
+    // MARK: Answering
+
+    /// Registers a call as in flight, with its deadline, and applies backpressure.
+    private func accept(_ requestID: UInt64, deadline: NIODeadline?) {
+        var timer: Scheduled<Void>?
+        if let deadline {
+            timer = self.context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+                if self.pending[requestID] != nil {
+                    self.fail(requestID, .deadlineExceeded, "the deadline passed before the answer was ready")
+                }
+            }
+        }
+        self.pending[requestID] = timer
+        if self.pending.count >= self.configuration.maximumInFlightPerConnection, !self.readsPaused {
+            self.readsPaused = true
+            self.context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+        }
+    }
+
+    /// Answers a pending call: `body` writes the payload of an OK RESPONSE and returns its
+    /// flags, or returns nil for a failure whose status `failure` gives (the payload then
+    /// being the message). A call no longer pending (cancelled, timed out) is dropped.
+    private func complete(
+        _ requestID: UInt64,
+        _ body: (inout ByteBuffer) -> FrameFlags?,
+        failure: () -> StatusCode
+    ) {
+        guard let timer = self.pending.removeValue(forKey: requestID) else {
+            return
+        }
+        timer?.cancel()
+        var buffer = self.context.channel.allocator.buffer(capacity: 512)
+        buffer.moveWriterIndex(forwardBy: Frame.headerSize)
+        buffer.moveReaderIndex(forwardBy: Frame.headerSize)
+        let flags = body(&buffer)
+        let payloadLength = UInt32(buffer.readableBytes)
+        buffer.moveReaderIndex(to: 0)
+        let end = buffer.writerIndex
+        buffer.moveWriterIndex(to: 0)
+        if let flags {
+            buffer.writeFrameHeader(type: .response, flags: flags, requestID: requestID, payloadLength: payloadLength)
+        } else {
+            let status = failure()
+            buffer.writeFrameHeader(type: .response, status: status, requestID: requestID, payloadLength: payloadLength)
+        }
+        buffer.moveWriterIndex(to: end)
+        self.send(buffer)
+        self.afterCompletion()
+    }
+
+    /// Fails a call (pending or not yet accepted) with a status and a message.
+    private func fail(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
+        if let timer = self.pending.removeValue(forKey: requestID) {
+            timer?.cancel()
+        }
+        var buffer = self.context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
+        buffer.writeFrame(.failure(id: requestID, status: status, message: message))
+        self.send(buffer)
+        self.afterCompletion()
+    }
+
+    private func write(header type: FrameType, requestID: UInt64, payload: ByteBuffer?) {
+        var buffer = self.context.channel.allocator.buffer(capacity: Frame.headerSize)
+        buffer.writeFrame(Frame(type: type, requestID: requestID, payload: payload ?? ByteBuffer()))
+        self.send(buffer)
+    }
+
+    private func send(_ buffer: ByteBuffer) {
+        self.context.write(self.wrapOutboundOut(buffer), promise: nil)
+        if self.inReadBatch {
+            self.needsFlush = true
+        } else {
+            self.context.flush()
+        }
+    }
+
+    private func flushIfNeeded() {
+        if self.needsFlush {
+            self.needsFlush = false
+            self.context.flush()
+        }
+    }
+
+    private func afterCompletion() {
+        if self.readsPaused, self.pending.count < self.configuration.maximumInFlightPerConnection {
+            self.readsPaused = false
+            self.context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
+            self.context.read()
+        }
+        if self.draining, self.pending.isEmpty {
+            self.flushIfNeeded()
+            self.context.close(promise: nil)
+        }
+    }
+
+    // MARK: Connection-level
+
+    /// GOAWAY with the last accepted id; finish what is pending; then close.
+    private func drain() {
+        guard !self.draining else {
+            return
+        }
+        self.draining = true
+        self.write(header: .goAway, requestID: self.lastRequestID, payload: ByteBuffer(string: "server shutting down"))
+        self.flushIfNeeded()
+        if self.pending.isEmpty {
+            self.context.close(promise: nil)
+        }
+    }
+
+    private func connectionError(_ status: StatusCode, _ message: String, requestID: UInt64) {
+        guard let context = self.context else {
+            return
+        }
+        var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
+        buffer.writeFrame(.error(id: requestID, status: status, message: message))
+        self.draining = true
+        context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
+    }
+
+    // MARK: Helpers
+
+    static func now() -> Int64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_REALTIME, &spec)
+        return Int64(spec.tv_sec) * 1_000 + Int64(spec.tv_nsec) / 1_000_000
+    }
+
+    private static func writeVarint(_ value: UInt64, into buffer: inout ByteBuffer) {
+        var value = value
+        while value >= 0x80 {
+            buffer.writeInteger(UInt8(truncatingIfNeeded: value) | 0x80)
+            value >>= 7
+        }
+        buffer.writeInteger(UInt8(value))
+    }
+}
+
+/// Request validation shared by the methods.
+enum Validation {
+    /// The longest user id accepted, in UTF-8 bytes.
+    static let maximumUserIdBytes = 256
+
+    static func problem(userId: String?, field: String) -> String? {
+        guard let userId, !userId.isEmpty else {
+            return "\(field): must not be empty"
+        }
+        guard userId.utf8.count <= Self.maximumUserIdBytes else {
+            return "\(field): must be at most \(Self.maximumUserIdBytes) bytes, got \(userId.utf8.count)"
+        }
+        return nil
+    }
+
+    static func problem(entitlementIds: [String]) -> String? {
+        for (index, id) in entitlementIds.enumerated() where id.isEmpty || id.utf8.count > Self.maximumUserIdBytes {
+            return "entitlement_ids[\(index)]: must be 1 to \(Self.maximumUserIdBytes) bytes"
+        }
+        return nil
+    }
+}

@@ -20,6 +20,7 @@ let package = Package(
         .library(name: "EntitlementsStore", targets: ["EntitlementsStore"]),
         .library(name: "EntitlementsTools", targets: ["EntitlementsTools"]),
         .library(name: "EntitlementsServer", targets: ["EntitlementsServer"]),
+        .library(name: "EntitlementsClient", targets: ["EntitlementsClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -104,6 +105,17 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The Swift client library: async/await calls multiplexed over pooled connections.
+        .target(
+            name: "EntitlementsClient",
+            dependencies: [
+                "EntitlementsMessages",
+                "EntitlementsWire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The operations behind `entitlements snapshot ...`, and synthetic data.
         .target(
             name: "EntitlementsTools",
@@ -124,7 +136,10 @@ let package = Package(
                 "EntitlementsFormats",
                 "EntitlementsStore",
                 "EntitlementsTools",
+                "EntitlementsServer",
+                "EntitlementsClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
@@ -167,6 +182,21 @@ let package = Package(
                 "EntitlementsFormats",
                 "EntitlementsTools",
                 .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsServerTests",
+            dependencies: [
+                "EntitlementsServer",
+                "EntitlementsClient",
+                "EntitlementsStore",
+                "EntitlementsMessages",
+                "EntitlementsResolver",
+                "EntitlementsWire",
+                "EntitlementsTools",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -55,14 +55,18 @@ public final class EntitlementsServer: Sendable {
     }
 
     /// Opens the resolvers over `snapshot`, warms their caches (at `instant`, default now),
-    /// and starts listening.
+    /// and starts listening. `resolverLoops` puts the resolvers on other event loops than
+    /// the connections' (tests use it to hold resolvers still).
     public static func start(
         snapshot: SnapshotReader,
         configuration: ServerConfiguration,
         group: MultiThreadedEventLoopGroup,
+        resolverLoops: [any EventLoop]? = nil,
         warmAt instant: Int64? = nil
     ) async throws -> EntitlementsServer {
-        let loops = Array(group.makeIterator())
+        // By default the resolvers run on the connections' event loops, so a check whose
+        // customer belongs to the connection's loop costs no hop at all.
+        let loops = resolverLoops ?? Array(group.makeIterator())
         let pool = try ResolverPool(
             count: max(1, configuration.resolvers),
             eventLoops: loops,

@@ -2,11 +2,11 @@ import ArgumentParser
 
 /// `entitlements`: the one executable of the service (server, client and tools).
 @main
-struct EntitlementsCommand: ParsableCommand {
+struct EntitlementsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "entitlements",
         abstract: "An entitlement check service: what may user X use right now?",
         version: "0.1.0",
-        subcommands: [DemoCommand.self, ResolveCommand.self, SnapshotCommand.self]
+        subcommands: [ServeCommand.self, CheckCommand.self, SnapshotCommand.self, ResolveCommand.self, DemoCommand.self]
     )
 }

@@ -1,0 +1,113 @@
+import EntitlementsWire
+import NIOCore
+
+/// Why a call did not get an answer from the connection it was sent on.
+enum CallFailure: Error {
+    /// The server sent GOAWAY before processing the call: safe to send again elsewhere.
+    case notProcessed
+    /// The answer did not come within the call's timeout.
+    case timedOut
+    /// The connection failed or closed before the answer came.
+    case connectionLost(String)
+    /// The server reported a connection-level ERROR.
+    case connectionError(StatusCode, String)
+}
+
+/// The client side of one connection: assigns increasing request ids, matches answers to
+/// calls by id (they come back in completion order), answers PINGs, and on GOAWAY fails
+/// the calls the server will not process so that they can be retried elsewhere.
+/// Confined to the channel's event loop.
+final class ClientConnectionHandler: ChannelInboundHandler {
+    typealias InboundIn = Frame
+    typealias OutboundOut = ByteBuffer
+
+    private var nextRequestID: UInt64 = 1
+    private var pending: [UInt64: (promise: EventLoopPromise<Frame>, timer: Scheduled<Void>?)] = [:]
+    private var context: ChannelHandlerContext?
+    /// Set once the server said GOAWAY (its last processed id) or the connection failed.
+    private(set) var isDraining = false
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    /// Sends one call; the future completes with the answering RESPONSE frame (any status),
+    /// or fails with a ``CallFailure``.
+    func call(method: MethodID, payload: ByteBuffer, timeout: TimeAmount?) -> EventLoopFuture<Frame> {
+        guard let context = self.context else {
+            preconditionFailure("call before the handler was added")
+        }
+        let promise = context.eventLoop.makePromise(of: Frame.self)
+        guard !self.isDraining else {
+            promise.fail(CallFailure.notProcessed)
+            return promise.futureResult
+        }
+        let id = self.nextRequestID
+        self.nextRequestID += 1
+        var timer: Scheduled<Void>?
+        var timeoutMicroseconds: UInt32 = 0
+        if let timeout {
+            timeoutMicroseconds = UInt32(clamping: max(1, timeout.nanoseconds / 1_000))
+            timer = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
+                guard let entry = self.pending.removeValue(forKey: id) else { return }
+                entry.promise.fail(CallFailure.timedOut)
+                self.send(Frame(type: .cancel, requestID: id))
+            }
+        }
+        self.pending[id] = (promise, timer)
+        self.send(.request(id: id, method: method, timeoutMicroseconds: timeoutMicroseconds, payload: payload))
+        return promise.futureResult
+    }
+
+    private func send(_ frame: Frame) {
+        guard let context = self.context else { return }
+        var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + frame.payload.readableBytes)
+        buffer.writeFrame(frame)
+        context.writeAndFlush(self.wrapOutboundOut(buffer), promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = self.unwrapInboundIn(data)
+        switch frame.type {
+        case .response, .endOfStream:
+            if let entry = self.pending.removeValue(forKey: frame.requestID) {
+                entry.timer?.cancel()
+                entry.promise.succeed(frame)
+            }
+        case .ping:
+            self.send(Frame(type: .pong, requestID: frame.requestID))
+        case .goAway:
+            self.isDraining = true
+            for (id, entry) in self.pending where id > frame.requestID {
+                self.pending[id] = nil
+                entry.timer?.cancel()
+                entry.promise.fail(CallFailure.notProcessed)
+            }
+        case .error:
+            self.failAll(CallFailure.connectionError(frame.status, frame.message))
+            context.close(promise: nil)
+        case .pong, .streamMessage, .request, .cancel:
+            break
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.failAll(CallFailure.connectionLost("the connection closed"))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.failAll(CallFailure.connectionLost("\(error)"))
+        context.close(promise: nil)
+    }
+
+    private func failAll(_ failure: CallFailure) {
+        self.isDraining = true
+        let calls = self.pending
+        self.pending.removeAll()
+        for entry in calls.values {
+            entry.timer?.cancel()
+            entry.promise.fail(failure)
+        }
+    }
+}

@@ -1,0 +1,274 @@
+public import EntitlementsMessages
+public import EntitlementsWire
+public import NIOCore
+public import NIOPosix
+import Synchronization
+
+/// Where the server is.
+public enum EntitlementsServerAddress: Sendable, Hashable, CustomStringConvertible {
+    case tcp(host: String, port: Int)
+    case unixSocket(path: String)
+
+    public var description: String {
+        switch self {
+        case .tcp(let host, let port): "\(host):\(port)"
+        case .unixSocket(let path): "unix:\(path)"
+        }
+    }
+}
+
+/// A failed call: the status code (gRPC numbering) and the server's message. Connection
+/// problems are `UNAVAILABLE`; a call that ran out of time is `DEADLINE_EXCEEDED`.
+public struct EntitlementsClientError: Error, Hashable, CustomStringConvertible {
+    public var code: StatusCode
+    public var message: String
+
+    public init(code: StatusCode, message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(self.code): \(self.message)" }
+}
+
+/// A client for the entitlements service (docs/PROTOCOL.md).
+///
+/// One connection multiplexes any number of concurrent calls; `connections` > 1 spreads
+/// calls over a small pool. Connections are made on first use and remade after they fail,
+/// with exponential backoff between failed attempts. A call the server did not process
+/// because it was going away (GOAWAY) is sent again on a new connection, once.
+///
+/// ```swift
+/// let client = EntitlementsClient(server: .tcp(host: "127.0.0.1", port: 7420))
+/// let answer = try await client.checkEntitlements(
+///     CheckEntitlementsRequest(userId: "user-1", entitlementIds: ["premium"]),
+///     timeout: .milliseconds(50)
+/// )
+/// if answer.entitlements.first?.isActive == true { /* unlock premium */ }
+/// await client.close()
+/// ```
+public final class EntitlementsClient: Sendable {
+    /// How the client connects.
+    public struct Configuration: Sendable {
+        public var server: EntitlementsServerAddress
+        /// How many connections to spread calls over. Default 1.
+        public var connections: Int
+        /// The largest answer accepted. Default 1 MiB.
+        public var maximumPayloadSize: Int
+        /// How long to wait for a connection. Default 2 s.
+        public var connectTimeout: TimeAmount
+        /// The first and the longest wait between failed connection attempts.
+        public var initialBackoff: TimeAmount
+        public var maximumBackoff: TimeAmount
+
+        public init(
+            server: EntitlementsServerAddress,
+            connections: Int = 1,
+            maximumPayloadSize: Int = Frame.defaultMaximumPayloadSize,
+            connectTimeout: TimeAmount = .seconds(2),
+            initialBackoff: TimeAmount = .milliseconds(50),
+            maximumBackoff: TimeAmount = .seconds(5)
+        ) {
+            self.server = server
+            self.connections = max(1, connections)
+            self.maximumPayloadSize = maximumPayloadSize
+            self.connectTimeout = connectTimeout
+            self.initialBackoff = initialBackoff
+            self.maximumBackoff = maximumBackoff
+        }
+    }
+
+    public let configuration: Configuration
+    private let group: any EventLoopGroup
+    private let slots: [Slot]
+    private let nextSlot = Atomic<Int>(0)
+
+    /// Creates a client; nothing connects until the first call.
+    public init(configuration: Configuration, eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
+        self.configuration = configuration
+        self.group = eventLoopGroup
+        self.slots = (0..<configuration.connections).map { _ in Slot() }
+    }
+
+    /// Creates a client for `server` with one connection.
+    public convenience init(server: EntitlementsServerAddress) {
+        self.init(configuration: Configuration(server: server))
+    }
+
+    /// CheckEntitlements: what may this user use?
+    public func checkEntitlements(_ request: CheckEntitlementsRequest, timeout: Duration? = nil) async throws -> CheckEntitlementsResponse {
+        try await self.call(.checkEntitlements, request, timeout: timeout)
+    }
+
+    /// BatchCheckEntitlements: one answer per user id, in order.
+    public func batchCheckEntitlements(_ request: BatchCheckEntitlementsRequest, timeout: Duration? = nil) async throws -> BatchCheckEntitlementsResponse {
+        try await self.call(.batchCheckEntitlements, request, timeout: timeout)
+    }
+
+    /// Health: whether the server is serving, its snapshot and uptime.
+    public func health(timeout: Duration? = nil) async throws -> HealthResponse {
+        try await self.call(.health, HealthRequest(), timeout: timeout)
+    }
+
+    /// Closes every connection. Calls in flight fail with UNAVAILABLE.
+    public func close() async {
+        for slot in self.slots {
+            if let channel = slot.takeChannel() {
+                try? await channel.close()
+            }
+        }
+    }
+
+    /// Sends any request message and decodes the answer as `Response`.
+    public func call<Request: ProtobufMessage, Response: ProtobufMessage>(
+        _ method: MethodID,
+        _ request: Request,
+        timeout: Duration? = nil
+    ) async throws -> Response {
+        let payload: ByteBuffer
+        do {
+            var buffer = ByteBuffer()
+            try request.serialize(into: &buffer)
+            payload = buffer
+        } catch {
+            throw EntitlementsClientError(code: .invalidArgument, message: "\(error)")
+        }
+        let amount = timeout.map { TimeAmount.nanoseconds(Int64($0.components.seconds) * 1_000_000_000 + $0.components.attoseconds / 1_000_000_000) }
+        let slot = self.slots[self.nextSlot.wrappingAdd(1, ordering: .relaxed).oldValue % self.slots.count]
+        var attempt = 0
+        while true {
+            attempt += 1
+            let connection = try await self.connection(in: slot)
+            do {
+                let frame = try await connection.channel.eventLoop.flatSubmit {
+                    connection.handler.value.call(method: method, payload: payload, timeout: amount)
+                }.get()
+                guard frame.status == .ok else {
+                    throw EntitlementsClientError(code: frame.status, message: frame.message)
+                }
+                do {
+                    return try Response(buffer: frame.payload)
+                } catch {
+                    throw EntitlementsClientError(code: .internalError, message: "the server's answer does not decode: \(error)")
+                }
+            } catch let failure as CallFailure {
+                switch failure {
+                case .notProcessed where attempt == 1:
+                    slot.forget(connection.channel)
+                    continue  // the server never processed it: safe to send again
+                case .notProcessed:
+                    throw EntitlementsClientError(code: .unavailable, message: "the server is going away and did not process the call")
+                case .timedOut:
+                    throw EntitlementsClientError(code: .deadlineExceeded, message: "no answer within the timeout")
+                case .connectionLost(let reason):
+                    slot.forget(connection.channel)
+                    throw EntitlementsClientError(code: .unavailable, message: "connection to \(self.configuration.server) lost: \(reason)")
+                case .connectionError(let code, let message):
+                    slot.forget(connection.channel)
+                    throw EntitlementsClientError(code: code, message: message)
+                }
+            }
+        }
+    }
+
+    // MARK: Connections
+
+    struct Connection: Sendable {
+        let channel: any Channel
+        let handler: NIOLoopBound<ClientConnectionHandler>
+    }
+
+    /// One pooled connection and its reconnect state.
+    final class Slot: Sendable {
+        private struct State {
+            var connection: Connection?
+            var failures = 0
+            var nextAttempt = NIODeadline.uptimeNanoseconds(0)
+        }
+
+        private let state = Mutex(State())
+
+        func current() -> Connection? {
+            self.state.withLock { $0.connection }
+        }
+
+        func store(_ connection: Connection) {
+            self.state.withLock {
+                $0.connection = connection
+                $0.failures = 0
+            }
+        }
+
+        func forget(_ channel: any Channel) {
+            self.state.withLock { state in
+                if let connection = state.connection, connection.channel === channel {
+                    state.connection = nil
+                }
+            }
+        }
+
+        func takeChannel() -> (any Channel)? {
+            self.state.withLock { state in
+                defer { state.connection = nil }
+                return state.connection?.channel
+            }
+        }
+
+        /// Records a failed attempt; returns when the next may start.
+        func failed(initial: TimeAmount, maximum: TimeAmount) {
+            self.state.withLock { state in
+                state.failures += 1
+                let exponent = min(state.failures - 1, 16)
+                let delay = min(maximum.nanoseconds, initial.nanoseconds << exponent)
+                // Full jitter keeps many clients from reconnecting in step.
+                state.nextAttempt = .now() + .nanoseconds(Int64.random(in: delay / 2...max(delay / 2, delay)))
+            }
+        }
+
+        var nextAttempt: NIODeadline {
+            self.state.withLock { $0.nextAttempt }
+        }
+    }
+
+    private func connection(in slot: Slot) async throws -> Connection {
+        if let connection = slot.current(), connection.channel.isActive,
+            try await connection.channel.eventLoop.submit({ !connection.handler.value.isDraining }).get()
+        {
+            return connection
+        }
+        let wait = slot.nextAttempt - .now()
+        if wait.nanoseconds > 0 {
+            try await Task.sleep(nanoseconds: UInt64(wait.nanoseconds))
+        }
+        let configuration = self.configuration
+        let bootstrap = ClientBootstrap(group: self.group)
+            .connectTimeout(configuration.connectTimeout)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers(
+                        ByteToMessageHandler(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize)),
+                        ClientConnectionHandler()
+                    )
+                }
+            }
+        do {
+            let channel: any Channel
+            switch configuration.server {
+            case .tcp(let host, let port):
+                channel = try await bootstrap.connect(host: host, port: port).get()
+            case .unixSocket(let path):
+                channel = try await bootstrap.connect(unixDomainSocketPath: path).get()
+            }
+            let handler = try await channel.eventLoop.submit {
+                NIOLoopBound(try channel.pipeline.syncOperations.handler(type: ClientConnectionHandler.self), eventLoop: channel.eventLoop)
+            }.get()
+            let connection = Connection(channel: channel, handler: handler)
+            slot.store(connection)
+            return connection
+        } catch {
+            slot.failed(initial: configuration.initialBackoff, maximum: configuration.maximumBackoff)
+            throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(configuration.server): \(error)")
+        }
+    }
+}

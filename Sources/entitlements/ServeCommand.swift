@@ -1,0 +1,144 @@
+import ArgumentParser
+import Dispatch
+import EntitlementsServer
+import EntitlementsStore
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// `entitlements serve`: answer CheckEntitlements over TCP and/or a Unix socket.
+struct ServeCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "serve",
+        abstract: "Serve entitlement checks from a snapshot (docs/PROTOCOL.md).",
+        discussion: "SIGINT or SIGTERM drains: GOAWAY to every connection, accepted requests are answered, then exit 0."
+    )
+
+    @Option(help: "The snapshot to serve (see `entitlements snapshot`).")
+    var snapshot: String
+
+    @Option(help: "TCP address to listen on, HOST:PORT; port 0 picks a free port.")
+    var listen: String = "127.0.0.1:7420"
+
+    @Option(help: "Also listen on this Unix domain socket (for sidecars).")
+    var unix: String?
+
+    @Flag(help: "Do not listen on TCP (with --unix).")
+    var noTcp = false
+
+    @Option(help: "Resolver actors, each owning a cache shard. Default: CPU cores.")
+    var resolvers: Int?
+
+    @Option(help: "Cache budget, e.g. 64MiB, 1GiB or a number of bytes.")
+    var cacheBytes: String = "256MiB"
+
+    @Option(help: "The largest frame payload accepted, in bytes.")
+    var maxFrameBytes: Int = 1 << 20
+
+    func validate() throws {
+        if !self.noTcp {
+            _ = try Self.parseAddress(self.listen)
+        } else if self.unix == nil {
+            throw ValidationError("--no-tcp needs --unix PATH, or the server would listen nowhere")
+        }
+        _ = try Self.parseBytes(self.cacheBytes)
+        if let resolvers = self.resolvers, !(1...1_024).contains(resolvers) {
+            throw ValidationError("--resolvers must be 1 to 1024, got \(resolvers)")
+        }
+        guard (1_024...(64 << 20)).contains(self.maxFrameBytes) else {
+            throw ValidationError("--max-frame-bytes must be 1024 to 67108864, got \(self.maxFrameBytes)")
+        }
+    }
+
+    func run() async throws {
+        setvbuf(stdout, nil, _IOLBF, 0)  // one line at a time, also into a pipe or file
+        let reader: SnapshotReader
+        do {
+            reader = try SnapshotReader(path: self.snapshot)
+        } catch {
+            print("error: cannot serve: \(error)")
+            throw ExitCode(2)
+        }
+        let configuration = ServerConfiguration(
+            tcp: self.noTcp ? nil : try Self.parseAddress(self.listen),
+            unixSocketPath: self.unix,
+            resolvers: self.resolvers,
+            cacheBytes: try Self.parseBytes(self.cacheBytes),
+            maximumPayloadSize: self.maxFrameBytes
+        )
+        let server = try await EntitlementsServer.start(snapshot: reader, configuration: configuration, group: .singleton)
+        let warm = server.pool.warmup
+        print("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers")
+        print("cache warmed: \(warm.customersCached) customers, \(warm.bytes) bytes of \(configuration.cacheBytes)")
+        if let address = server.tcpAddress {
+            print("listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
+        }
+        if let path = server.unixSocketPath {
+            print("listening on unix:\(path)")
+        }
+        let signal = await Self.waitForSignal()
+        print("received \(signal == SIGTERM ? "SIGTERM" : "SIGINT"): draining")
+        await server.shutdownGracefully()
+        print("stopped")
+    }
+
+    static func waitForSignal() async -> Int32 {
+        let stream = AsyncStream<Int32> { continuation in
+            let sources = [SIGINT, SIGTERM].map { number in
+                signal(number, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                source.setEventHandler { continuation.yield(number) }
+                source.resume()
+                return source
+            }
+            let keeper = SignalSources(sources)
+            continuation.onTermination = { _ in keeper.cancel() }
+        }
+        for await number in stream {
+            return number
+        }
+        return SIGTERM
+    }
+
+    static func parseAddress(_ text: String) throws -> (host: String, port: Int) {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65_535).contains(port) else {
+            throw ValidationError("--listen \"\(text)\" is not HOST:PORT (e.g. 127.0.0.1:7420, [::1]:7420)")
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") {
+            host = String(host.dropFirst().dropLast())
+        }
+        guard !host.isEmpty else {
+            throw ValidationError("--listen \"\(text)\" has no host")
+        }
+        return (host, port)
+    }
+
+    static func parseBytes(_ text: String) throws -> Int {
+        let units: [(String, Int)] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1), ("", 1)]
+        for (suffix, multiplier) in units where text.hasSuffix(suffix) {
+            if let value = Int(text.dropLast(suffix.count)), value >= 0, value <= Int.max / multiplier {
+                return value * multiplier
+            }
+        }
+        throw ValidationError("--cache-bytes \"\(text)\" is not a size such as 64MiB, 1GiB or 1048576")
+    }
+}
+
+/// Keeps the signal sources alive until the stream ends. `@unchecked Sendable` is safe:
+/// the array is never mutated, and DispatchSource's cancel is thread-safe.
+private final class SignalSources: @unchecked Sendable {
+    private let sources: [any DispatchSourceSignal]
+
+    init(_ sources: [any DispatchSourceSignal]) {
+        self.sources = sources
+    }
+
+    func cancel() {
+        self.sources.forEach { $0.cancel() }
+    }
+}

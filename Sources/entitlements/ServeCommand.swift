@@ -55,12 +55,11 @@ struct ServeCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        setvbuf(stdout, nil, _IOLBF, 0)  // one line at a time, also into a pipe or file
         let reader: SnapshotReader
         do {
             reader = try SnapshotReader(path: self.snapshot)
         } catch {
-            print("error: cannot serve: \(error)")
+            Self.say("error: cannot serve: \(error)")
             throw ExitCode(2)
         }
         let configuration = ServerConfiguration(
@@ -72,18 +71,32 @@ struct ServeCommand: AsyncParsableCommand {
         )
         let server = try await EntitlementsServer.start(snapshot: reader, configuration: configuration, group: .singleton)
         let warm = server.pool.warmup
-        print("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers")
-        print("cache warmed: \(warm.customersCached) customers, \(warm.bytes) bytes of \(configuration.cacheBytes)")
+        Self.say("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers")
+        Self.say("cache warmed: \(warm.customersCached) customers, \(warm.bytes) bytes of \(configuration.cacheBytes)")
         if let address = server.tcpAddress {
-            print("listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
+            Self.say("listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
         }
         if let path = server.unixSocketPath {
-            print("listening on unix:\(path)")
+            Self.say("listening on unix:\(path)")
         }
         let signal = await Self.waitForSignal()
-        print("received \(signal == SIGTERM ? "SIGTERM" : "SIGINT"): draining")
+        Self.say("received \(signal == SIGTERM ? "SIGTERM" : "SIGINT"): draining")
         await server.shutdownGracefully()
-        print("stopped")
+        Self.say("stopped")
+    }
+
+    /// Writes a line to standard output unbuffered, so that a supervisor (or a test)
+    /// reading a pipe sees "listening on" at once.
+    static func say(_ text: String) {
+        var line = text + "\n"
+        line.withUTF8 { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = write(1, bytes.baseAddress! + offset, bytes.count - offset)
+                if written <= 0 { return }
+                offset += written
+            }
+        }
     }
 
     static func waitForSignal() async -> Int32 {

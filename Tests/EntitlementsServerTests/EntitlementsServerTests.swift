@@ -1,0 +1,314 @@
+import EntitlementsClient
+import EntitlementsMessages
+import EntitlementsResolver
+import EntitlementsServer
+import EntitlementsStore
+import EntitlementsWire
+import Foundation
+import NIOCore
+import NIOConcurrencyHelpers
+import NIOPosix
+import Testing
+
+/// Real sockets on port 0 (and a Unix socket), a real snapshot, the real client.
+@Suite("server end to end", .serialized)
+struct EntitlementsServerTests {
+    @Test("check through the client: customers, aliases and unknown users, answered as the resolver answers")
+    func checkThroughClient() async throws {
+        let fixture = try await ServerFixture()
+        let client = fixture.client()
+        let resolver = EntitlementResolver(catalog: fixture.snapshot.catalog)
+        for index in 0..<100 {
+            let record = try #require(try fixture.snapshot.customer(for: "user-\(index)"))
+            for userId in [record.id!] + record.aliases {
+                let response = try await client.checkEntitlements(CheckEntitlementsRequest(userId: userId, at: now))
+                let expected = resolver.resolve(record, at: now)
+                #expect(response.userId == userId)
+                #expect(response.customerId == record.id)
+                #expect(response.requestDate == now)
+                #expect(response.entitlements == expected.entitlements)
+                #expect(response.validUntil == expected.validUntil)
+            }
+        }
+        let unknown = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "nobody", at: now))
+        #expect(unknown.customerId == nil && unknown.entitlements.isEmpty && unknown.userId == "nobody")
+        let filtered = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-2", entitlementIds: ["pro"], at: now))
+        #expect(filtered.entitlements.allSatisfy { $0.id == "pro" })
+        let health = try await client.health()
+        #expect(health.status == .serving)
+        #expect(health.snapshotId == fixture.snapshot.header.snapshotId)
+        await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("bad requests get a clear status and the connection stays usable", arguments: [
+        (CheckEntitlementsRequest(userId: ""), StatusCode.invalidArgument, "user_id: must not be empty"),
+        (CheckEntitlementsRequest(), .invalidArgument, "user_id: must not be empty"),
+        (CheckEntitlementsRequest(userId: String(repeating: "x", count: 257)), .invalidArgument, "user_id: must be at most 256 bytes, got 257"),
+        (CheckEntitlementsRequest(userId: "u", entitlementIds: [""]), .invalidArgument, "entitlement_ids[0]: must be 1 to 256 bytes"),
+    ])
+    func badRequests(request: CheckEntitlementsRequest, code: StatusCode, message: String) async throws {
+        let fixture = try await ServerFixture()
+        let client = fixture.client()
+        await #expect {
+            try await client.checkEntitlements(request)
+        } throws: { error in
+            (error as? EntitlementsClientError) == EntitlementsClientError(code: code, message: message)
+        }
+        #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-1")).userId == "user-1")
+        await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("raw protocol: unknown method, undecodable payload, ping, and a non-increasing id")
+    func rawProtocol() async throws {
+        let fixture = try await ServerFixture()
+        let connection = try RawConnection(port: fixture.port)
+        connection.send([
+            Frame.request(id: 1, method: MethodID(rawValue: 99), payload: ByteBuffer()),
+            Frame.request(id: 2, method: .checkEntitlements, payload: ByteBuffer(bytes: [0xFF, 0xFF])),
+            Frame(type: .ping, requestID: 0xABCD),
+            RawConnection.request(3, CheckEntitlementsRequest(userId: "user-1")),
+        ])
+        var seen: [UInt64: Frame] = [:]
+        while seen.count < 4, let frame = try connection.receive() {
+            seen[frame.requestID] = frame
+        }
+        #expect(seen[1]?.status == .unimplemented && seen[1]?.message == "method 99 is not implemented by this server")
+        #expect(seen[2]?.status == .invalidArgument && seen[2]?.message.hasPrefix("entitlements.v1.CheckEntitlementsRequest") == true)
+        #expect(seen[0xABCD]?.type == .pong)
+        #expect(seen[3]?.status == .ok)
+        // Reusing an id is a protocol violation: ERROR, then the connection closes.
+        connection.send([RawConnection.request(3, CheckEntitlementsRequest(userId: "user-1"))])
+        let error = try #require(try connection.receive())
+        #expect(error.type == .error && error.status == .invalidArgument)
+        #expect(error.message == "request id 3 is not greater than the previous one (3); ids must increase")
+        #expect(try connection.receive() == nil)
+        try await fixture.stop()
+    }
+
+    @Test("1,000 pipelined requests on one connection are each answered once, matched by id")
+    func pipelined() async throws {
+        let fixture = try await ServerFixture()
+        let connection = try RawConnection(port: fixture.port)
+        let frames = (1...1_000).map { id in
+            RawConnection.request(UInt64(id), CheckEntitlementsRequest(userId: "user-\(id % 300)", at: now))
+        }
+        connection.send(frames)
+        var answered: [UInt64: CheckEntitlementsResponse] = [:]
+        var order: [UInt64] = []
+        while answered.count < 1_000, let frame = try connection.receive() {
+            #expect(frame.type == .response && frame.status == .ok)
+            #expect(answered[frame.requestID] == nil, "answered twice: \(frame.requestID)")
+            answered[frame.requestID] = try CheckEntitlementsResponse(buffer: frame.payload)
+            order.append(frame.requestID)
+        }
+        #expect(answered.count == 1_000)
+        for (id, response) in answered {
+            #expect(response.userId == "user-\(id % 300)")
+        }
+        try await fixture.stop()
+    }
+
+    @Test("a malformed frame closes only its own connection")
+    func malformedFrameClosesOneConnection() async throws {
+        let fixture = try await ServerFixture()
+        let good = try RawConnection(port: fixture.port)
+        let bad = try RawConnection(port: fixture.port)
+        bad.send(bytes: Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
+        let error = try #require(try bad.receive())
+        #expect(error.type == .error && error.status == .invalidArgument)
+        #expect(error.message.contains("not the magic 0x454E"))
+        #expect(try bad.receive() == nil)
+        good.send([RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1"))])
+        #expect(try good.receive()?.status == .ok)
+        // An oversized length: RESOURCE_EXHAUSTED from the header alone.
+        let big = try RawConnection(port: fixture.port)
+        var header = ByteBuffer()
+        header.writeFrameHeader(type: .request, method: .checkEntitlements, requestID: 1, payloadLength: 50 << 20)
+        big.send(bytes: Array(header.readableBytesView))
+        #expect(try big.receive()?.status == .resourceExhausted)
+        try await fixture.stop()
+    }
+
+    @Test("100 concurrent connections")
+    func hundredConnections() async throws {
+        let fixture = try await ServerFixture()
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            for index in 0..<100 {
+                group.addTask {
+                    let client = fixture.client()
+                    let response = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-\(index)"))
+                    await client.close()
+                    return response.userId == "user-\(index)"
+                }
+            }
+            var successes = 0
+            for try await ok in group where ok {
+                successes += 1
+            }
+            #expect(successes == 100)
+        }
+        try await fixture.stop()
+    }
+
+    @Test("the Unix socket serves the same answers")
+    func unixSocket() async throws {
+        let fixture = try await ServerFixture()
+        let client = EntitlementsClient(configuration: .init(server: .unixSocket(path: fixture.socketPath)), eventLoopGroup: fixture.group)
+        let overUnix = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-3", at: now))
+        let tcp = fixture.client()
+        let overTCP = try await tcp.checkEntitlements(CheckEntitlementsRequest(userId: "user-3", at: now))
+        #expect(overUnix == overTCP)
+        await client.close()
+        await tcp.close()
+        try await fixture.stop()
+    }
+
+    @Test("batch check: one answer per user in order; too many users or a bad id fails the batch")
+    func batch() async throws {
+        let fixture = try await ServerFixture(configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), maximumBatchSize: 50))
+        let client = fixture.client()
+        let ids = (0..<50).map { "user-\($0 * 3)" } + ["nobody"]
+        let batch = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: Array(ids.prefix(49)) + ["nobody"], at: now))
+        #expect(batch.results.map(\.userId) == Array(ids.prefix(49)) + ["nobody"])
+        for result in batch.results.prefix(49) {
+            let single = try await client.checkEntitlements(CheckEntitlementsRequest(userId: result.userId, at: now))
+            #expect(result == single)
+        }
+        await #expect {
+            try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: ids))
+        } throws: { error in
+            (error as? EntitlementsClientError) == EntitlementsClientError(code: .resourceExhausted, message: "user_ids: 51 users; a batch holds at most 50")
+        }
+        await #expect {
+            try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: ["user-1", ""]))
+        } throws: { error in
+            (error as? EntitlementsClientError) == EntitlementsClientError(code: .invalidArgument, message: "user_ids[1]: must not be empty")
+        }
+        await client.close()
+        try await fixture.stop()
+    }
+}
+
+@Suite("server: cancels, deadlines, draining", .serialized)
+struct ServerLifecycleTests {
+    @Test("a cancel answers CANCELLED at once, and the late answer is dropped")
+    func cancel() async throws {
+        let fixture = try await ServerFixture(holdableResolvers: true)
+        let connection = try RawConnection(port: fixture.port)
+        fixture.holdResolvers()
+        connection.send([RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1")), Frame(type: .cancel, requestID: 1)])
+        let cancelled = try #require(try connection.receive())
+        #expect(cancelled.requestID == 1 && cancelled.status == .cancelled)
+        fixture.releaseResolvers()
+        // The next answer is for the next request: nothing more came for id 1.
+        connection.send([RawConnection.request(2, CheckEntitlementsRequest(userId: "user-2"))])
+        let next = try #require(try connection.receive())
+        #expect(next.requestID == 2 && next.status == .ok)
+        // A cancel for an id that is done, or unknown, is ignored.
+        connection.send([Frame(type: .cancel, requestID: 2), Frame(type: .cancel, requestID: 77), Frame(type: .ping, requestID: 5)])
+        #expect(try connection.receive()?.type == .pong)
+        try await fixture.stop()
+    }
+
+    @Test("a deadline that expires answers DEADLINE_EXCEEDED, and the work is abandoned")
+    func deadline() async throws {
+        let fixture = try await ServerFixture(holdableResolvers: true)
+        let connection = try RawConnection(port: fixture.port)
+        fixture.holdResolvers()
+        connection.send([RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1"), timeoutMicroseconds: 20_000)])
+        let frame = try #require(try connection.receive())
+        #expect(frame.requestID == 1 && frame.status == .deadlineExceeded)
+        fixture.releaseResolvers()
+        // Through the client: the same status as a typed error.
+        let client = fixture.client()
+        fixture.holdResolvers()
+        await #expect {
+            try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-1"), timeout: .milliseconds(20))
+        } throws: { error in
+            (error as? EntitlementsClientError)?.code == .deadlineExceeded
+        }
+        fixture.releaseResolvers()
+        await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("graceful shutdown: GOAWAY with the last id, every accepted request answered, then close")
+    func gracefulShutdown() async throws {
+        let fixture = try await ServerFixture(holdableResolvers: true)
+        let connection = try RawConnection(port: fixture.port)
+        fixture.holdResolvers()
+        connection.send((1...50).map { RawConnection.request(UInt64($0), CheckEntitlementsRequest(userId: "user-\($0)")) } + [Frame(type: .ping, requestID: 9)])
+        // Frames are read in order: the PONG means all 50 requests were accepted.
+        #expect(try connection.receive()?.type == .pong)
+        async let stopped: Void = fixture.server.shutdownGracefully()
+        let goAway = try #require(try connection.receive())
+        #expect(goAway.type == .goAway && goAway.requestID == 50)
+        fixture.releaseResolvers()
+        var answered = Set<UInt64>()
+        while let frame = try connection.receive() {
+            #expect(frame.type == .response && frame.status == .ok)
+            answered.insert(frame.requestID)
+        }
+        #expect(answered == Set(1...50))
+        await stopped
+        try await fixture.stop()
+    }
+
+    @Test("a request sent after GOAWAY is not processed, and the client retries it on a new connection")
+    func clientRetriesAfterGoAway() async throws {
+        // A stand-in server: its first connection answers any request with GOAWAY(0) and
+        // closes; later connections answer Health.
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let connections = NIOLockedValueBox(0)
+        let channel = try await ServerBootstrap(group: group)
+            .childChannelInitializer { channel in
+                let number = connections.withLockedValue { $0 += 1; return $0 }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers(ByteToMessageHandler(FrameDecoder()), StandInServer(goAway: number == 1))
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: channel.localAddress!.port!)), eventLoopGroup: group)
+        let health = try await client.health()
+        #expect(health.version == "stand-in")
+        #expect(connections.withLockedValue { $0 } == 2)
+        await client.close()
+        try await channel.close()
+        try await group.shutdownGracefully()
+    }
+
+    @Test("an unreachable server is UNAVAILABLE")
+    func unreachable() async throws {
+        let client = EntitlementsClient(server: .tcp(host: "127.0.0.1", port: 1))
+        await #expect {
+            try await client.health()
+        } throws: { error in
+            (error as? EntitlementsClientError)?.code == .unavailable
+        }
+    }
+}
+
+final class StandInServer: ChannelInboundHandler, Sendable {
+    typealias InboundIn = Frame
+    typealias OutboundOut = ByteBuffer
+    let goAway: Bool
+
+    init(goAway: Bool) {
+        self.goAway = goAway
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = self.unwrapInboundIn(data)
+        guard frame.type == .request else { return }
+        var buffer = ByteBuffer()
+        if self.goAway {
+            buffer.writeFrame(.goAway(lastRequestID: 0))
+            context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        } else {
+            buffer.writeFrame(.response(id: frame.requestID, payload: ByteBuffer(bytes: try! HealthResponse(status: .serving, version: "stand-in").serializedBytes())))
+            context.writeAndFlush(self.wrapOutboundOut(buffer), promise: nil)
+        }
+    }
+}

@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make run    install what is missing, build release, run the demo
+#   make run    install what is missing, build release, generate demo data on first run,
+#               and serve it on 127.0.0.1:7420
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
 # Other targets: deps, generate, check-generated, build, test-asan, bench-codec,
@@ -11,11 +12,25 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test deps generate check-generated build test-unit test-asan bench-codec bench-resolver bench-store clean
+.PHONY: run demo-data test deps generate check-generated build test-unit test-asan bench-codec bench-resolver bench-store clean
+
+DEMO_SNAPSHOT ?= .build/demo/demo.snap
+DEMO_CUSTOMERS ?= 100000
 
 run: deps
 	$(SWIFT) build -c release --product entitlements
-	.build/release/entitlements demo
+	@if [ ! -f $(DEMO_SNAPSHOT) ]; then \
+	  mkdir -p $(dir $(DEMO_SNAPSHOT)) && \
+	  .build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT); \
+	fi
+	.build/release/entitlements serve --snapshot $(DEMO_SNAPSHOT)
+
+# New demo data (the demo's subscriptions are generated active as of the day it is made).
+demo-data: deps
+	$(SWIFT) build -c release --product entitlements
+	rm -f $(DEMO_SNAPSHOT)
+	mkdir -p $(dir $(DEMO_SNAPSHOT))
+	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
 test: deps check-generated test-unit test-asan
 

@@ -189,6 +189,7 @@ let package = Package(
             name: "EntitlementsServerTests",
             dependencies: [
                 "EntitlementsServer",
+                "EntitlementsFormats",
                 "EntitlementsClient",
                 "EntitlementsStore",
                 "EntitlementsMessages",

@@ -63,6 +63,19 @@ let package = Package(
                 .plugin(name: "BenchmarkPlugin", package: "benchmark")
             ]
         ),
+        // A quick closed-loop load generator (connections x requests in flight), until the
+        // full harness of the benchmarks issue exists.
+        .executableTarget(
+            name: "QuickLoad",
+            dependencies: [
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "EntitlementsWire", package: mainPackage),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Sources/QuickLoad",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // Memory and cost of the store on a large snapshot: RSS under a cache budget,
         // cache hit and read-through miss cost (a plain executable; see README).
         .executableTarget(

@@ -1,0 +1,118 @@
+import EntitlementsFormats
+import EntitlementsMessages
+import EntitlementsResolver
+import EntitlementsStore
+import EntitlementsTools
+import Foundation
+import Testing
+
+/// The `entitlements` executable, run as a user would: `serve` in the background, `check`
+/// against it. Uses the binary SwiftPM built next to the test bundle.
+@Suite("command line", .serialized)
+struct CommandLineTests {
+    static let executable = URL(fileURLWithPath: CommandLine.arguments[0])
+        .deletingLastPathComponent().appendingPathComponent("entitlements").path
+
+    struct Output {
+        var status: Int32
+        var text: String
+    }
+
+    static func run(_ arguments: [String]) throws -> Output {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.executable)
+        process.arguments = arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return Output(status: process.terminationStatus, text: String(decoding: data, as: UTF8.self))
+    }
+
+    /// Starts `entitlements serve` on port 0 and returns it with the port it printed.
+    static func serve(snapshot: String) throws -> (Process, Pipe, Int) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.executable)
+        process.arguments = ["serve", "--snapshot", snapshot, "--listen", "127.0.0.1:0", "--resolvers", "2", "--cache-bytes", "8MiB"]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        var seen = ""
+        while !seen.contains("listening on 127.0.0.1:") || !seen.hasSuffix("\n") {
+            let chunk = pipe.fileHandleForReading.availableData
+            guard !chunk.isEmpty else {
+                throw CocoaError(.fileReadUnknown, userInfo: [NSLocalizedDescriptionKey: "serve exited: \(seen)"])
+            }
+            seen += String(decoding: chunk, as: UTF8.self)
+        }
+        let line = seen.split(separator: "\n").first { $0.hasPrefix("listening on 127.0.0.1:") }!
+        return (process, pipe, Int(line.split(separator: ":").last!)!)
+    }
+
+    @Test("serve, then check with the table and the JSON output; SIGTERM drains and exits 0")
+    func serveAndCheck() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/data.snap"
+        _ = try SnapshotTools.generate(count: 200, seed: 8, now: now, outputPath: path)
+        let (server, pipe, port) = try Self.serve(snapshot: path)
+
+        let at = "2026-11-22T00:00:00Z"
+        let json = try Self.run(["check", "--server", "127.0.0.1:\(port)", "--user", "user-2", "--at", at, "--json"])
+        #expect(json.status == 0)
+        let snapshot = try SnapshotReader(path: path)
+        let record = try snapshot.customer(for: "user-2")
+        let expected = EntitlementResolver(catalog: snapshot.catalog).resolve(record, at: now)
+            .response(userId: "user-2", customerId: "user-2", requestDate: now)
+        #expect(json.text == EntitlementsOutput.json(expected) + "\n")
+
+        let table = try Self.run(["check", "--server", "127.0.0.1:\(port)", "--user", "user-2", "--at", at])
+        #expect(table.status == 0)
+        #expect(table.text == EntitlementsOutput.table(expected) + "\n")
+
+        server.terminate()  // SIGTERM
+        server.waitUntilExit()
+        let log = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(server.terminationStatus == 0)
+        #expect(log.contains("received SIGTERM: draining") && log.contains("stopped"))
+
+        // The server is gone: check says so and fails.
+        let down = try Self.run(["check", "--server", "127.0.0.1:\(port)", "--user", "user-2"])
+        #expect(down.status == 1)
+        #expect(down.text.hasPrefix("error: UNAVAILABLE: cannot connect to 127.0.0.1:\(port)"))
+    }
+
+    @Test("serve refuses to start without a usable snapshot, saying why", arguments: ["missing", "corrupt"])
+    func unusableSnapshot(kind: String) throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/data.snap"
+        if kind == "corrupt" {
+            _ = try SnapshotTools.generate(count: 20, seed: 8, now: now, outputPath: path)
+            var bytes = try Data(contentsOf: URL(fileURLWithPath: path))
+            bytes[40] ^= 0xFF
+            try bytes.write(to: URL(fileURLWithPath: path))
+        }
+        let output = try Self.run(["serve", "--snapshot", path, "--listen", "127.0.0.1:0"])
+        #expect(output.status == 2)
+        let reason = kind == "corrupt" ? "offset 0: file header checksum mismatch" : "cannot open: No such file or directory"
+        #expect(output.text.hasPrefix("error: cannot serve: \(path): \(reason)"), "\(output.text)")
+    }
+
+    @Test("bad flags are refused with a message", arguments: [
+        (["serve", "--snapshot", "x", "--listen", "nowhere"], "--listen \"nowhere\" is not HOST:PORT"),
+        (["serve", "--snapshot", "x", "--cache-bytes", "lots"], "--cache-bytes \"lots\" is not a size"),
+        (["check", "--user", "u", "--at", "tomorrow"], "--at \"tomorrow\" is not an RFC 3339 date-time"),
+        (["check", "--user", "u", "--environment", "staging"], "--environment must be production or sandbox"),
+    ])
+    func badFlags(arguments: [String], message: String) throws {
+        let output = try Self.run(arguments)
+        #expect(output.status == 64)
+        #expect(output.text.contains(message), "\(output.text)")
+    }
+}

@@ -133,8 +133,13 @@ public final class EntitlementsClient: Sendable {
         } catch {
             throw EntitlementsClientError(code: .invalidArgument, message: "\(error)")
         }
-        let amount = timeout.map { TimeAmount.nanoseconds(Int64($0.components.seconds) * 1_000_000_000 + $0.components.attoseconds / 1_000_000_000) }
-        let slot = self.slots[self.nextSlot.wrappingAdd(1, ordering: .relaxed).oldValue % self.slots.count]
+        let amount = timeout.map { timeout -> TimeAmount in
+            let (seconds, attoseconds) = timeout.components
+            let (nanoseconds, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+            return overflow ? .nanoseconds(.max) : .nanoseconds(nanoseconds &+ attoseconds / 1_000_000_000)
+        }
+        let ticket = self.nextSlot.wrappingAdd(1, ordering: .relaxed).oldValue & Int.max
+        let slot = self.slots[ticket % self.slots.count]
         var attempt = 0
         while true {
             attempt += 1
@@ -182,8 +187,31 @@ public final class EntitlementsClient: Sendable {
     final class Slot: Sendable {
         private struct State {
             var connection: Connection?
+            /// The attempt in progress, which concurrent callers share.
+            var connecting: EventLoopFuture<Connection>?
             var failures = 0
             var nextAttempt = NIODeadline.uptimeNanoseconds(0)
+        }
+
+        /// Either the attempt in progress, or a new promise the caller must complete.
+        enum Attempt {
+            case join(EventLoopFuture<Connection>)
+            case lead(EventLoopPromise<Connection>)
+        }
+
+        func beginAttempt(on loop: any EventLoop) -> Attempt {
+            self.state.withLock { state in
+                if let connecting = state.connecting {
+                    return .join(connecting)
+                }
+                let promise = loop.makePromise(of: Connection.self)
+                state.connecting = promise.futureResult
+                return .lead(promise)
+            }
+        }
+
+        func endAttempt() {
+            self.state.withLock { $0.connecting = nil }
         }
 
         private let state = Mutex(State())
@@ -236,6 +264,28 @@ public final class EntitlementsClient: Sendable {
         {
             return connection
         }
+        // One attempt per slot at a time: callers arriving meanwhile wait for it, so a burst
+        // of first calls (or of retries after GOAWAY) opens one connection, not one each.
+        switch slot.beginAttempt(on: self.group.next()) {
+        case .join(let attempt):
+            return try await attempt.get()
+        case .lead(let promise):
+            do {
+                let connection = try await self.connect(slot)
+                slot.store(connection)
+                slot.endAttempt()
+                promise.succeed(connection)
+                return connection
+            } catch {
+                slot.failed(initial: self.configuration.initialBackoff, maximum: self.configuration.maximumBackoff)
+                slot.endAttempt()
+                promise.fail(error)
+                throw error
+            }
+        }
+    }
+
+    private func connect(_ slot: Slot) async throws -> Connection {
         let wait = slot.nextAttempt - .now()
         if wait.nanoseconds > 0 {
             try await Task.sleep(nanoseconds: UInt64(wait.nanoseconds))
@@ -263,11 +313,8 @@ public final class EntitlementsClient: Sendable {
             let handler = try await channel.eventLoop.submit {
                 NIOLoopBound(try channel.pipeline.syncOperations.handler(type: ClientConnectionHandler.self), eventLoop: channel.eventLoop)
             }.get()
-            let connection = Connection(channel: channel, handler: handler)
-            slot.store(connection)
-            return connection
+            return Connection(channel: channel, handler: handler)
         } catch {
-            slot.failed(initial: configuration.initialBackoff, maximum: configuration.maximumBackoff)
             throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(configuration.server): \(error)")
         }
     }

@@ -28,6 +28,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var pending: [UInt64: Scheduled<Void>?] = [:]
     private var lastRequestID: UInt64 = 0
     private var draining = false
+    /// Set after a connection error: nothing more is read or answered.
+    private var closing = false
+    /// Reads stop while too many calls are in flight, or while the socket cannot take
+    /// more writes (a client that does not read its answers): backpressure, not buffering.
     private var readsPaused = false
     private var inReadBatch = false
     private var needsFlush = false
@@ -54,6 +58,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     // MARK: Reading
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !self.closing else {
+            return
+        }
         self.inReadBatch = true
         let frame = self.unwrapInboundIn(data)
         switch frame.type {
@@ -76,6 +83,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.inReadBatch = false
         self.flushIfNeeded()
         context.fireChannelReadComplete()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        self.updateReading()
+        context.fireChannelWritabilityChanged()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -143,11 +155,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             instant: request.at ?? Self.now(),
             deadline: deadline
         )
-        self.accept(frame.requestID, deadline: deadline)
+        let requestID = frame.requestID  // not the frame: its payload pins the read buffer
+        self.accept(requestID, deadline: deadline)
         let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
         self.pool.check(query, completing: promise)
         promise.futureResult.assumeIsolated().whenSuccess { outcome in
-            self.complete(frame.requestID) { buffer in
+            self.complete(requestID) { buffer in
                 switch outcome {
                 case .answer(let answer, let customerId, let fromCache):
                     answer.writeResponse(userId: userId, customerId: customerId, requestDate: query.instant, into: &buffer)
@@ -194,7 +207,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return
         }
         let instant = request.at ?? Self.now()
-        self.accept(frame.requestID, deadline: deadline)
+        let requestID = frame.requestID  // not the frame: its payload pins the read buffer
+        self.accept(requestID, deadline: deadline)
         let futures = request.userIds.map { userId in
             let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
             self.pool.check(
@@ -204,7 +218,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return promise.futureResult
         }
         EventLoopFuture.whenAllSucceed(futures, on: self.context.eventLoop).assumeIsolated().whenSuccess { outcomes in
-            guard self.pending[frame.requestID] != nil else {
+            guard self.pending[requestID] != nil else {
                 return  // cancelled or timed out meanwhile
             }
             for (userId, outcome) in zip(request.userIds, outcomes) {
@@ -212,14 +226,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 case .answer:
                     continue
                 case .failed(let reason):
-                    self.fail(frame.requestID, .internalError, "user \(userId): \(reason)")
+                    self.fail(requestID, .internalError, "user \(userId): \(reason)")
                     return
                 case .deadlineExceeded, .forward:
-                    self.fail(frame.requestID, .deadlineExceeded, "the deadline passed before every user was checked")
+                    self.fail(requestID, .deadlineExceeded, "the deadline passed before every user was checked")
                     return
                 }
             }
-            self.complete(frame.requestID) { buffer in
+            self.complete(requestID) { buffer in
                 var single = ByteBuffer()
                 for (userId, outcome) in zip(request.userIds, outcomes) {
                     guard case .answer(let answer, let customerId, _) = outcome else {
@@ -276,9 +290,23 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             }
         }
         self.pending[requestID] = timer
-        if self.pending.count >= self.configuration.maximumInFlightPerConnection, !self.readsPaused {
+        self.updateReading()
+    }
+
+    /// Pauses reading when too many calls are in flight or the socket is not writable;
+    /// resumes when neither holds.
+    private func updateReading() {
+        guard let context = self.context else {
+            return
+        }
+        let shouldPause = self.pending.count >= self.configuration.maximumInFlightPerConnection || !context.channel.isWritable
+        if shouldPause, !self.readsPaused {
             self.readsPaused = true
-            self.context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+            context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+        } else if !shouldPause, self.readsPaused {
+            self.readsPaused = false
+            context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
+            context.read()
         }
     }
 
@@ -298,6 +326,17 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         buffer.moveWriterIndex(forwardBy: Frame.headerSize)
         buffer.moveReaderIndex(forwardBy: Frame.headerSize)
         let flags = body(&buffer)
+        guard buffer.readableBytes <= Frame.defaultMaximumPayloadSize else {
+            // Clients accept 1 MiB by default (docs/PROTOCOL.md): a larger answer would be
+            // a connection error on their side, failing every call on the connection.
+            self.pending[requestID] = timer
+            self.fail(
+                requestID,
+                .resourceExhausted,
+                "the answer is \(buffer.readableBytes) bytes; a frame carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)"
+            )
+            return
+        }
         let payloadLength = UInt32(buffer.readableBytes)
         buffer.moveReaderIndex(to: 0)
         let end = buffer.writerIndex
@@ -347,11 +386,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     private func afterCompletion() {
-        if self.readsPaused, self.pending.count < self.configuration.maximumInFlightPerConnection {
-            self.readsPaused = false
-            self.context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
-            self.context.read()
-        }
+        self.updateReading()
         if self.draining, self.pending.isEmpty {
             self.flushIfNeeded()
             self.context.close(promise: nil)
@@ -377,9 +412,13 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard let context = self.context else {
             return
         }
+        guard !self.closing else {
+            return
+        }
+        self.closing = true
+        self.draining = true
         var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
         buffer.writeFrame(.error(id: requestID, status: status, message: message))
-        self.draining = true
         context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
             context.close(promise: nil)
         }

@@ -158,11 +158,14 @@ public struct LRUCache: Sendable {
         guard cost <= self.budgetBytes else {
             return false
         }
+        if !evicting {
+            let replaced = self.slots[key].map { self.nodes[Int($0)].cost } ?? 0
+            guard self.statistics.bytes - replaced + cost <= self.budgetBytes else {
+                return false
+            }
+        }
         if let existing = self.slots[key] {
             self.remove(slot: existing)
-        }
-        if !evicting && !self.hasRoom(for: cost) {
-            return false
         }
         while !self.hasRoom(for: cost), self.tail >= 0 {
             self.remove(slot: self.tail)

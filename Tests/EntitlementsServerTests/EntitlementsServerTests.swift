@@ -279,6 +279,97 @@ struct ServerLifecycleTests {
         try await group.shutdownGracefully()
     }
 
+    @Test("concurrent first calls share one connection attempt")
+    func singleConnectionAttempt() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let connections = NIOLockedValueBox(0)
+        let channel = try await ServerBootstrap(group: group)
+            .childChannelInitializer { channel in
+                connections.withLockedValue { $0 += 1 }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers(ByteToMessageHandler(FrameDecoder()), StandInServer(goAway: false))
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: channel.localAddress!.port!)), eventLoopGroup: group)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            for _ in 0..<50 {
+                tasks.addTask { _ = try await client.health() }
+            }
+            try await tasks.waitForAll()
+        }
+        #expect(connections.withLockedValue { $0 } == 1)
+        await client.close()
+        try await channel.close()
+        try await group.shutdownGracefully()
+    }
+
+    @Test("a client that never reads its answers makes the server stop reading (backpressure)")
+    func writeBackpressure() async throws {
+        let fixture = try await ServerFixture()
+        let connection = try RawConnection(port: fixture.port)
+        let request = RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1"))
+        var sent = 0
+        var blocked = false
+        var id: UInt64 = 1
+        // Without backpressure the server would read everything and buffer the answers
+        // without bound; with it, its reads stop and our socket's send buffer fills up.
+        while sent < 64 << 20 {
+            var out = ByteBuffer()
+            for _ in 0..<256 {
+                out.writeFrame(.request(id: id, method: .checkEntitlements, payload: request.payload))
+                id += 1
+            }
+            let result = connection.sendWithoutBlocking(Array(out.readableBytesView))
+            if result < out.readableBytes {
+                blocked = true
+                break
+            }
+            sent += result
+        }
+        #expect(blocked, "sent \(sent) bytes without the server pushing back")
+        try await fixture.stop()
+    }
+
+    @Test("an answer larger than a frame may carry fails with RESOURCE_EXHAUSTED, and the connection lives")
+    func oversizedAnswer() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("big-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var writer = try SnapshotWriter(
+            path: directory + "/big.snap",
+            catalog: Catalog(products: [Product(id: "p", type: .subscription, period: .monthly, entitlements: ["premium"])]),
+            createdDate: now
+        )
+        let transactions = (0..<30_000).map { index in
+            Transaction(
+                originalTransactionId: "chain", transactionId: "transaction-\(index)", store: .appstore, productId: "p",
+                transactionDate: now - Int64(30_000 - index) * 60_000, expirationDate: now + 86_400_000,
+                environment: .production, ownershipType: .owner, type: .subscriptionRenewed
+            )
+        }
+        try writer.append(CustomerRecord(id: "big", transactions: transactions))
+        try writer.append(CustomerRecord(id: "small"))
+        try writer.finish()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let server = try await EntitlementsServer.start(
+            snapshot: try SnapshotReader(path: directory + "/big.snap"),
+            configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), resolvers: 1),
+            group: group
+        )
+        let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: server.tcpAddress!.port!)), eventLoopGroup: group)
+        await #expect {
+            try await client.checkEntitlements(CheckEntitlementsRequest(userId: "big"))
+        } throws: { error in
+            let error = error as? EntitlementsClientError
+            return error?.code == .resourceExhausted && error?.message.contains("a frame carries at most 1048576") == true
+        }
+        #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "small")).customerId == "small")
+        await client.close()
+        await server.shutdownGracefully()
+        try await group.shutdownGracefully()
+    }
+
     @Test("an unreachable server is UNAVAILABLE")
     func unreachable() async throws {
         let client = EntitlementsClient(server: .tcp(host: "127.0.0.1", port: 1))

@@ -115,6 +115,19 @@ final class RawConnection {
         }
     }
 
+    /// Sends what the socket takes now; returns how many bytes that was.
+    func sendWithoutBlocking(_ bytes: [UInt8]) -> Int {
+        bytes.withUnsafeBytes { raw in
+            var offset = 0
+            while offset < raw.count {
+                let written = Glibc.send(self.socket, raw.baseAddress! + offset, raw.count - offset, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+                if written <= 0 { break }
+                offset += written
+            }
+            return offset
+        }
+    }
+
     /// The next frame, or nil at end of stream (or after a 10 s silence).
     func receive() throws -> Frame? {
         while true {

@@ -37,7 +37,7 @@ struct SnapshotCommand: ParsableCommand {
                 catalogPath: self.catalog,
                 customersPath: self.customers,
                 outputPath: self.output,
-                createdDate: ResolveCommand.now(),
+                createdDate: QueryOptions.now(),
                 hotList: hot
             )
             print("wrote \(self.output): \(report.customers) customers, \(report.bytes) bytes, id \(report.snapshotId), in \(start.duration(to: .now))")
@@ -78,7 +78,7 @@ struct SnapshotCommand: ParsableCommand {
 
         func run() throws {
             let day: Int64 = 86_400_000
-            let now = self.now.flatMap(RFC3339.parse) ?? ResolveCommand.now() / day * day
+            let now = self.now.flatMap(RFC3339.parse) ?? QueryOptions.now() / day * day
             let start = ContinuousClock.now
             if self.jsonl {
                 let directory = self.output.contains("/") ? String(self.output[..<self.output.lastIndex(of: "/")!]) : "."

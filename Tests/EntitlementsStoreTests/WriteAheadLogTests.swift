@@ -1,0 +1,114 @@
+import EntitlementsMessages
+import Foundation
+import Testing
+
+@testable import EntitlementsStore
+
+@Suite("write-ahead log")
+struct WriteAheadLogTests {
+    static func grant(_ index: Int) -> LogRecord.Mutation {
+        .grantEntitlement(GrantEntitlementRequest(userId: "user-\(index)", grant: Grant(grantId: "g\(index)", entitlementId: "premium", grantedDate: now)))
+    }
+
+    @Test("appends are durable, numbered in order, and replay after reopening")
+    func appendAndReplay() async throws {
+        let scratch = try ScratchDirectory()
+        let path = scratch.file("log")
+        let (log, first) = try WriteAheadLog.open(path: path)
+        #expect(first.records.isEmpty && first.tornBytes == 0)
+        var sequences: [UInt64] = []
+        for index in 0..<10 {
+            sequences.append(try await log.append(Self.grant(index), recordedDate: now + Int64(index)))
+        }
+        #expect(sequences == Array(1...10))
+        log.close()
+        let (reopened, replay) = try WriteAheadLog.open(path: path)
+        #expect(replay.records.map(\.sequence) == Array(1...10))
+        #expect(replay.records[3].mutation == Self.grant(3))
+        #expect(replay.records[3].recordedDate == now + 3)
+        // Sequences continue after the replayed ones.
+        #expect(try await reopened.append(Self.grant(10), recordedDate: now) == 11)
+        reopened.close()
+    }
+
+    @Test("concurrent appends share fsyncs (group commit), and every one is acknowledged once")
+    func groupCommit() async throws {
+        let scratch = try ScratchDirectory()
+        let path = scratch.file("log")
+        let (log, _) = try WriteAheadLog.open(path: path)
+        let sequences = try await withThrowingTaskGroup(of: UInt64.self) { group in
+            for index in 0..<500 {
+                group.addTask { try await log.append(Self.grant(index), recordedDate: now) }
+            }
+            var all: [UInt64] = []
+            for try await sequence in group {
+                all.append(sequence)
+            }
+            return all
+        }
+        #expect(sequences.sorted() == Array(1...500))
+        log.close()
+        let (_, replay) = try WriteAheadLog.open(path: path)
+        #expect(replay.records.count == 500)
+        #expect(replay.batches < 500, "500 concurrent appends took \(replay.batches) fsyncs")
+    }
+
+    @Test("a torn last batch is dropped and cut off; every complete batch survives", arguments: [1, 5, 9, 30])
+    func tornTail(cut: Int) async throws {
+        let scratch = try ScratchDirectory()
+        let path = scratch.file("log")
+        let (log, _) = try WriteAheadLog.open(path: path)
+        for index in 0..<3 {
+            _ = try await log.append(Self.grant(index), recordedDate: now)
+        }
+        log.close()
+        let intact = try Data(contentsOf: URL(fileURLWithPath: path))
+        // Simulate a crash in the middle of appending a fourth batch.
+        let (again, _) = try WriteAheadLog.open(path: path)
+        _ = try await again.append(Self.grant(3), recordedDate: now)
+        again.close()
+        let full = try Data(contentsOf: URL(fileURLWithPath: path))
+        let torn = full.prefix(intact.count + cut)
+        try torn.write(to: URL(fileURLWithPath: path))
+        let (reopened, replay) = try WriteAheadLog.open(path: path)
+        #expect(replay.records.map(\.sequence) == [1, 2, 3])
+        #expect(replay.tornOffset == UInt64(intact.count))
+        #expect(replay.tornBytes == UInt64(cut))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == intact)
+        #expect(try await reopened.append(Self.grant(9), recordedDate: now) == 4)
+        reopened.close()
+    }
+
+    @Test("damage before the end stops start-up, naming file and offset")
+    func corruptionBeforeTail() async throws {
+        let scratch = try ScratchDirectory()
+        let path = scratch.file("log")
+        let (log, _) = try WriteAheadLog.open(path: path)
+        for index in 0..<3 {
+            _ = try await log.append(Self.grant(index), recordedDate: now)
+        }
+        log.close()
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: path))
+        bytes[WriteAheadLog.headerSize + 10] ^= 0x01  // inside the first batch's payload
+        try bytes.write(to: URL(fileURLWithPath: path))
+        #expect {
+            try WriteAheadLog.open(path: path)
+        } throws: { error in
+            let error = error as! SnapshotError
+            return error.code == .corrupt && error.offset == UInt64(WriteAheadLog.headerSize)
+                && "\(error)".hasPrefix("\(path): offset 16: log batch checksum mismatch before the end of the log")
+        }
+    }
+
+    @Test("a file that is not a log is refused")
+    func notALog() throws {
+        let scratch = try ScratchDirectory()
+        let path = scratch.file("log")
+        try Data("hello, this is not a log file".utf8).write(to: URL(fileURLWithPath: path))
+        #expect {
+            try WriteAheadLog.open(path: path)
+        } throws: { error in
+            "\(error)" == "\(path): offset 0: not a write-ahead log (no ENTWAL magic)"
+        }
+    }
+}

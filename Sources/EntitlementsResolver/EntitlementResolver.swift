@@ -395,9 +395,8 @@ extension Transaction {
         self.environment == .unspecified ? .production : self.environment
     }
 
-    /// Chain order: by transaction date, then by transaction id (numeric ids compare as
-    /// numbers, so "9" comes before "10"), then by the remaining fields, so that the order
-    /// never depends on the input's order.
+    /// Chain order: by transaction date, then by transaction id (``compareIds(_:_:)``), so
+    /// that the order never depends on the input's order (ids are unique per store).
     static func isOrderedBefore(_ lhs: Transaction, _ rhs: Transaction) -> Bool {
         let lhsDate = lhs.transactionDate ?? .min
         let rhsDate = rhs.transactionDate ?? .min
@@ -408,18 +407,24 @@ extension Transaction {
     }
 }
 
-/// Numeric-aware id order: two all-digit ids compare by value (length first, as they
-/// have no sign); anything else compares by UTF-8 bytes.
+/// Numeric-aware id order, a strict total order: two all-digit ids compare by value
+/// ("9" before "10"; equal values, like "7" and "07", then by their bytes); an all-digit id
+/// comes before any other; other ids compare by their UTF-8 bytes.
 func compareIds(_ lhs: String, _ rhs: String) -> Bool {
     let lhsDigits = !lhs.isEmpty && lhs.utf8.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
     let rhsDigits = !rhs.isEmpty && rhs.utf8.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
-    if lhsDigits && rhsDigits {
+    if lhsDigits != rhsDigits {
+        return lhsDigits
+    }
+    if lhsDigits {
         let lhsTrimmed = lhs.utf8.drop { $0 == 0x30 }
         let rhsTrimmed = rhs.utf8.drop { $0 == 0x30 }
         if lhsTrimmed.count != rhsTrimmed.count {
             return lhsTrimmed.count < rhsTrimmed.count
         }
-        return lhsTrimmed.lexicographicallyPrecedes(rhsTrimmed)
+        if !lhsTrimmed.elementsEqual(rhsTrimmed) {
+            return lhsTrimmed.lexicographicallyPrecedes(rhsTrimmed)
+        }
     }
     return lhs.utf8.lexicographicallyPrecedes(rhs.utf8)
 }

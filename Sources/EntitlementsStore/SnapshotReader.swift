@@ -89,6 +89,14 @@ public final class SnapshotReader: Sendable {
             }
             expectedOffset = range.end
         }
+        guard expectedOffset == fileSize else {
+            throw SnapshotError(
+                code: .corrupt,
+                path: path,
+                offset: expectedOffset,
+                reason: "the sections end at offset \(expectedOffset), but the file has \(fileSize) bytes"
+            )
+        }
         self.records = recordsRange
 
         // Header section: the SnapshotHeader message and the catalog.
@@ -237,6 +245,11 @@ public final class SnapshotReader: Sendable {
             let length = Int(header.littleEndian(at: 0, as: UInt32.self))
             let stored = header.littleEndian(at: 4, as: UInt32.self)
             let size = UInt64(SnapshotFormat.recordHeaderSize + length)
+            guard length > 0 else {
+                // A writer never writes an empty record (every record has an id), and an
+                // all-zero header would otherwise pass: the CRC of no bytes is 0.
+                throw SnapshotError(code: .corrupt, path: path, offset: offset, reason: "record with length 0")
+            }
             guard length <= SnapshotFormat.maximumRecordSize, offset + size <= limit else {
                 throw SnapshotError(
                     code: .corrupt,
@@ -250,11 +263,16 @@ public final class SnapshotReader: Sendable {
                 guard computed == stored else {
                     throw Self.checksumError(path: path, offset: offset, what: "record", stored: stored, computed: computed)
                 }
+                let record: CustomerRecord
                 do {
-                    return try CustomerRecord(serializedBytes: payload)
+                    record = try CustomerRecord(serializedBytes: payload)
                 } catch {
                     throw SnapshotError(code: .corrupt, path: path, offset: offset, reason: "record: \(error)")
                 }
+                guard let id = record.id, !id.isEmpty else {
+                    throw SnapshotError(code: .corrupt, path: path, offset: offset, reason: "record without a customer id")
+                }
+                return record
             }
             if SnapshotFormat.recordHeaderSize + length <= got {
                 let payload = UnsafeRawBufferPointer(rebasing: header[SnapshotFormat.recordHeaderSize..<(SnapshotFormat.recordHeaderSize + length)])

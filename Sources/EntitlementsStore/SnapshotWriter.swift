@@ -9,8 +9,8 @@ import Darwin
 
 /// Writes a snapshot file (docs/snapshot-format.md), crash-safely: everything goes to a
 /// temporary file beside the destination, which is fsynced, renamed over the destination
-/// and the directory fsynced. A crash or an error at any point leaves the destination as
-/// it was (the old snapshot, or nothing).
+/// and the directory fsynced. A crash or an error before the rename leaves the destination
+/// as it was (the old snapshot, or nothing).
 ///
 /// Records stream through: only their index entries (16 bytes per id and alias) stay in
 /// memory until ``finish(hotList:)``.

@@ -522,5 +522,21 @@ func idOrder() {
     #expect(!compareIds("10", "9"))
     #expect(compareIds("0009", "10"))
     #expect(compareIds("GPA.1", "GPA.2"))
-    #expect(compareIds("10", "A"))  // bytes: "1" < "A"
+    #expect(compareIds("10", "A"))  // all-digit ids come first
+    // Equal values are still ordered, by their bytes, in exactly one direction.
+    #expect(compareIds("07", "7") != compareIds("7", "07"))
+}
+
+@Test("the id order is a strict total order (antisymmetric, transitive) on mixed ids")
+func idOrderIsTotal() {
+    let ids = ["9", "10", "1a", "07", "7", "007", "A", "a", "", "0", "00", "GPA.1", "GPA.10", "1", "01"]
+    for a in ids {
+        #expect(!compareIds(a, a))
+        for b in ids where a != b {
+            #expect(compareIds(a, b) != compareIds(b, a), "\(a) vs \(b)")
+            for c in ids where compareIds(a, b) && compareIds(b, c) {
+                #expect(compareIds(a, c), "\(a) < \(b) < \(c)")
+            }
+        }
+    }
 }

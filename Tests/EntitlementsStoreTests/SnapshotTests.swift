@@ -249,6 +249,48 @@ struct SnapshotCorruptionTests {
         }
     }
 
+    @Test("a zeroed record header is corruption, not an unknown user")
+    func zeroedRecordHeader() throws {
+        let scratch = try ScratchDirectory()
+        let (path, original) = try Self.makeSnapshot(in: scratch)
+        var target: UInt64 = 0
+        try SnapshotReader(path: path).forEachRecord { record, offset in
+            if record.id == "user-7" { target = offset }
+        }
+        var bytes = original
+        for index in 0..<8 {
+            bytes[Int(target) + index] = 0
+        }
+        try Self.write(bytes, to: path)
+        #expect {
+            try SnapshotReader(path: path).customer(for: "user-7")
+        } throws: { error in
+            "\(error)" == "\(path): offset \(target): record with length 0"
+        }
+    }
+
+    @Test("bytes after the last section are refused")
+    func trailingBytes() throws {
+        let scratch = try ScratchDirectory()
+        let (path, original) = try Self.makeSnapshot(in: scratch)
+        var bytes = original + [UInt8](repeating: 0xAB, count: 10)
+        // Make the file header claim the new length, with a valid checksum.
+        let length = UInt64(bytes.count)
+        for index in 0..<8 {
+            bytes[80 + index] = UInt8(truncatingIfNeeded: length >> (8 * UInt64(index)))
+        }
+        let crc = CRC32C.checksum(Array(bytes[0..<92]))
+        for index in 0..<4 {
+            bytes[92 + index] = UInt8(truncatingIfNeeded: crc >> (8 * UInt32(index)))
+        }
+        try Self.write(bytes, to: path)
+        #expect {
+            try SnapshotReader(path: path)
+        } throws: { error in
+            "\(error)" == "\(path): offset \(original.count): the sections end at offset \(original.count), but the file has \(bytes.count) bytes"
+        }
+    }
+
     @Test("a truncated file is refused with the sizes")
     func truncated() throws {
         let scratch = try ScratchDirectory()

@@ -5,6 +5,18 @@ import NIOExtras
 public import NIOPosix
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Another server already accepts connections on this Unix socket.
+public struct UnixSocketInUse: Error, CustomStringConvertible {
+    public var path: String
+    public var description: String { "another server is listening on \(self.path)" }
+}
+
 /// Whether the server is serving, and since when: what Health reports.
 final class ServerHealth: Sendable {
     private let started = NIODeadline.now()
@@ -103,6 +115,11 @@ public final class EntitlementsServer: Sendable {
                 tcpAddress = channel.localAddress
             }
             if let path = configuration.unixSocketPath {
+                // A stale socket file (a previous server that died) is replaced; a live
+                // one belongs to a running server and is left alone.
+                if Self.someoneListens(onUnixSocket: path) {
+                    throw UnixSocketInUse(path: path)
+                }
                 let channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
                 listeners.append(channel)
             }
@@ -121,6 +138,28 @@ public final class EntitlementsServer: Sendable {
             health: health,
             group: group
         )
+    }
+
+    /// Whether a server accepts connections on the Unix socket at `path`.
+    static func someoneListens(onUnixSocket path: String) -> Bool {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else {
+            return false
+        }
+        defer { close(fd) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            return false
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+        }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        return result == 0
     }
 
     /// Stops accepting, sends GOAWAY on every connection, lets each finish the requests it

@@ -69,7 +69,14 @@ struct ServeCommand: AsyncParsableCommand {
             cacheBytes: try Self.parseBytes(self.cacheBytes),
             maximumPayloadSize: self.maxFrameBytes
         )
-        let server = try await EntitlementsServer.start(snapshot: reader, configuration: configuration, group: .singleton)
+        let server: EntitlementsServer
+        do {
+            server = try await EntitlementsServer.start(snapshot: reader, configuration: configuration, group: .singleton)
+        } catch {
+            let places = [self.noTcp ? nil : self.listen, self.unix.map { "unix:\($0)" }].compactMap { $0 }.joined(separator: " and ")
+            Self.say("error: cannot listen on \(places): \(error)")
+            throw ExitCode(2)
+        }
         let warm = server.pool.warmup
         Self.say("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers")
         Self.say("cache warmed: \(warm.customersCached) customers, \(warm.bytes) bytes of \(configuration.cacheBytes)")

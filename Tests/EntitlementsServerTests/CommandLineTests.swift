@@ -104,6 +104,20 @@ struct CommandLineTests {
         #expect(output.text.hasPrefix("error: cannot serve: \(path): \(reason)"), "\(output.text)")
     }
 
+    @Test("serve on a port already in use exits 2 and says so")
+    func portInUse() async throws {
+        let fixture = try await ServerFixture()
+        let output = try Self.run(["serve", "--snapshot", fixture.directory + "/data.snap", "--listen", "127.0.0.1:\(fixture.port)"])
+        #expect(output.status == 2)
+        #expect(output.text.contains("error: cannot listen on 127.0.0.1:\(fixture.port): "), "\(output.text)")
+        #expect(output.text.contains("Address already in use"), "\(output.text)")
+        // A live Unix socket is not taken over either.
+        let unix = try Self.run(["serve", "--snapshot", fixture.directory + "/data.snap", "--no-tcp", "--unix", fixture.socketPath])
+        #expect(unix.status == 2)
+        #expect(unix.text.contains("another server is listening on \(fixture.socketPath)"), "\(unix.text)")
+        try await fixture.stop()
+    }
+
     @Test("bad flags are refused with a message", arguments: [
         (["serve", "--snapshot", "x", "--listen", "nowhere"], "--listen \"nowhere\" is not HOST:PORT"),
         (["serve", "--snapshot", "x", "--cache-bytes", "lots"], "--cache-bytes \"lots\" is not a size"),

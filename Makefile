@@ -4,7 +4,7 @@
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
 # Other targets: deps, generate, check-generated, build, test-asan, bench-codec,
-# bench-resolver, bench-store, clean.
+# bench-resolver, bench-store, fuzz, clean.
 
 SHELL := /bin/bash
 SWIFT ?= swift
@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run demo-data test deps generate check-generated build test-unit test-asan bench-codec bench-resolver bench-store clean
+.PHONY: run demo-data test deps generate check-generated build test-unit test-asan bench-codec bench-resolver bench-store fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_CUSTOMERS ?= 100000
@@ -84,5 +84,20 @@ bench-resolver: deps
 bench-store: deps
 	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark --target StoreBenchmarks
 
+# libFuzzer targets (fuzz/): frame decoder, protobuf-c message decoding, snapshot reader,
+# log replay; each runs FUZZ_SECONDS on a copy of its committed seed corpus. A crash
+# leaves its input in .build-fuzz/ and fails the target.
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS := -Xswiftc -sanitize=fuzzer,address -Xswiftc -Xclang-linker -Xswiftc -fuse-ld=lld
+fuzz: deps
+	@set -e; for target in frames:FuzzFrameDecoder:4096 messages:FuzzMessages:4096 snapshot:FuzzSnapshot:300000 log:FuzzLog:4096; do \
+	  corpus=$${target%%:*}; rest=$${target#*:}; product=$${rest%%:*}; maxlen=$${rest#*:}; \
+	  $(SWIFT) build --package-path fuzz --product $$product $(FUZZ_FLAGS); \
+	  rm -rf .build-fuzz/$$corpus && mkdir -p .build-fuzz && cp -r fuzz/corpus/$$corpus .build-fuzz/$$corpus; \
+	  echo "== $$product for $(FUZZ_SECONDS) s"; \
+	  fuzz/.build/debug/$$product -max_total_time=$(FUZZ_SECONDS) -max_len=$$maxlen \
+	    -artifact_prefix=.build-fuzz/$$product- .build-fuzz/$$corpus; \
+	done
+
 clean:
-	rm -rf .build .build-asan benchmarks/.build
+	rm -rf .build .build-asan .build-fuzz benchmarks/.build fuzz/.build

@@ -14,10 +14,13 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
     ],
     targets: [
+        // Starts libFuzzer's driver (see README.md).
+        .target(name: "FuzzSupport"),
         // The frame decoder on arbitrary bytes, fed in arbitrary chunks.
         .executableTarget(
             name: "FuzzFrameDecoder",
             dependencies: [
+                "FuzzSupport",
                 .product(name: "EntitlementsWire", package: mainPackage),
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
@@ -26,6 +29,7 @@ let package = Package(
         .executableTarget(
             name: "FuzzMessages",
             dependencies: [
+                "FuzzSupport",
                 .product(name: "EntitlementsMessages", package: mainPackage),
                 .product(name: "NIOCore", package: "swift-nio"),
             ]
@@ -34,6 +38,7 @@ let package = Package(
         .executableTarget(
             name: "FuzzSnapshot",
             dependencies: [
+                "FuzzSupport",
                 .product(name: "EntitlementsStore", package: mainPackage),
             ]
         ),
@@ -41,6 +46,7 @@ let package = Package(
         .executableTarget(
             name: "FuzzLog",
             dependencies: [
+                "FuzzSupport",
                 .product(name: "EntitlementsStore", package: mainPackage),
             ]
         ),

@@ -20,8 +20,9 @@ enum CheckOutcome: Sendable {
     /// The answer; `customerId` is nil for an unknown user.
     case answer(CachedAnswer, customerId: String?, fromCache: Bool)
     /// The user id is an alias of a customer another resolver owns: ask it, with the
-    /// record already read.
+    /// record already read, or (for an alias learnt earlier) with the customer id alone.
     case forward(shard: Int, record: CustomerRecord)
+    case forwardKnownAlias(shard: Int, customerId: String)
     /// The deadline passed before the work started.
     case deadlineExceeded
     /// The snapshot could not be read (corruption): INTERNAL, with the reason.
@@ -76,6 +77,9 @@ public actor ResolverActor {
             if let answer = self.cache.answer(for: key, at: query.instant) {
                 return .answer(answer, customerId: canonical, fromCache: true)
             }
+        } else {
+            // An alias learnt earlier, of another resolver's customer: no snapshot read here.
+            return .forwardKnownAlias(shard: owner, customerId: canonical)
         }
         let record: CustomerRecord?
         do {
@@ -95,6 +99,28 @@ public actor ResolverActor {
         let recordOwner = LRUCache.shardIndex(for: customerId, shardCount: self.shardCount)
         guard recordOwner == self.shard else {
             return .forward(shard: recordOwner, record: record)
+        }
+        return self.answer(for: record, customerId: customerId, query)
+    }
+
+    /// The answer for this resolver's customer `customerId`, asked for by an alias another
+    /// resolver knows.
+    func check(_ query: CheckQuery, customerId: String) -> CheckOutcome {
+        if let deadline = query.deadline, NIODeadline.now() >= deadline {
+            return .deadlineExceeded
+        }
+        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
+        if let answer = self.cache.answer(for: key, at: query.instant) {
+            return .answer(answer, customerId: customerId, fromCache: true)
+        }
+        let record: CustomerRecord?
+        do {
+            record = try self.snapshot.customer(for: customerId)
+        } catch {
+            return .failed("\(error)")
+        }
+        guard let record else {
+            return self.unknownUser(query)
         }
         return self.answer(for: record, customerId: customerId, query)
     }
@@ -184,14 +210,21 @@ public final class ResolverPool: Sendable {
         let first = self.resolver(for: query.userId)
         Self.onLoop(of: first) {
             let outcome = first.assumeIsolated { $0.check(query) }
-            guard case .forward(let shard, let record) = outcome else {
+            // At most one extra hop: the owner is asked about its own customer and never
+            // forwards.
+            switch outcome {
+            case .forward(let shard, let record):
+                let owner = self.resolvers[shard]
+                Self.onLoop(of: owner) {
+                    promise.succeed(owner.assumeIsolated { $0.check(query, record: record) })
+                }
+            case .forwardKnownAlias(let shard, let customerId):
+                let owner = self.resolvers[shard]
+                Self.onLoop(of: owner) {
+                    promise.succeed(owner.assumeIsolated { $0.check(query, customerId: customerId) })
+                }
+            default:
                 promise.succeed(outcome)
-                return
-            }
-            // At most one extra hop: the owner has the record and never forwards.
-            let owner = self.resolvers[shard]
-            Self.onLoop(of: owner) {
-                promise.succeed(owner.assumeIsolated { $0.check(query, record: record) })
             }
         }
     }

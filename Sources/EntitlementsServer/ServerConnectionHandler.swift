@@ -165,7 +165,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 case .answer(let answer, let customerId, let fromCache):
                     answer.writeResponse(userId: userId, customerId: customerId, requestDate: query.instant, into: &buffer)
                     return fromCache ? .fromCache : []
-                case .deadlineExceeded, .forward:
+                case .deadlineExceeded, .forward, .forwardKnownAlias:
                     return nil
                 case .failed(let reason):
                     buffer.writeString(reason)
@@ -228,7 +228,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 case .failed(let reason):
                     self.fail(requestID, .internalError, "user \(userId): \(reason)")
                     return
-                case .deadlineExceeded, .forward:
+                case .deadlineExceeded, .forward, .forwardKnownAlias:
                     self.fail(requestID, .deadlineExceeded, "the deadline passed before every user was checked")
                     return
                 }

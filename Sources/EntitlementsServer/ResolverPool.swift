@@ -100,6 +100,10 @@ public actor ResolverActor {
         guard recordOwner == self.shard else {
             return .forward(shard: recordOwner, record: record)
         }
+        if customerId == query.userId {
+            // The cache was asked above, under this very key.
+            return self.resolveAndCache(record, customerId: customerId, query)
+        }
         return self.answer(for: record, customerId: customerId, query)
     }
 
@@ -122,7 +126,7 @@ public actor ResolverActor {
         guard let record else {
             return self.unknownUser(query)
         }
-        return self.answer(for: record, customerId: customerId, query)
+        return self.resolveAndCache(record, customerId: customerId, query)
     }
 
     /// The answer for `record`, which another resolver read for an alias of this
@@ -131,19 +135,22 @@ public actor ResolverActor {
         if let deadline = query.deadline, NIODeadline.now() >= deadline {
             return .deadlineExceeded
         }
-        let customerId = record.id ?? ""
-        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
-        if let answer = self.cache.answer(for: key, at: query.instant) {
-            return .answer(answer, customerId: customerId, fromCache: true)
-        }
-        return self.answer(for: record, customerId: customerId, query)
+        return self.answer(for: record, customerId: record.id ?? "", query)
     }
 
+    /// The cached answer for the customer, or a freshly resolved one.
     private func answer(for record: CustomerRecord, customerId: String, _ query: CheckQuery) -> CheckOutcome {
         let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
         if let answer = self.cache.answer(for: key, at: query.instant) {
             return .answer(answer, customerId: customerId, fromCache: true)
         }
+        return self.resolveAndCache(record, customerId: customerId, query)
+    }
+
+    /// Resolves, encodes and caches an answer the cache does not have (each miss is asked
+    /// of the cache once, so its statistics count it once).
+    private func resolveAndCache(_ record: CustomerRecord, customerId: String, _ query: CheckQuery) -> CheckOutcome {
+        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
         let resolution = self.resolver.resolve(record, at: query.instant, environment: query.environment, entitlementIds: query.entitlementIds)
         do {
             let answer = try CachedAnswer(resolution, resolvedAt: query.instant)

@@ -200,7 +200,7 @@ public struct LRUCache: Sendable {
         self.statistics.entries -= 1
         // Drop the key's and answer's storage now, not when the slot is reused.
         self.nodes[Int(slot)].key = CacheKey(customerId: "")
-        self.nodes[Int(slot)].answer = CachedAnswer.empty
+        self.nodes[Int(slot)].answer = CachedAnswer.empty(resolvedAt: 0)
         self.freeSlots.append(slot)
     }
 
@@ -255,9 +255,6 @@ public struct LRUCache: Sendable {
 }
 
 extension CachedAnswer {
-    /// A placeholder for freed slots.
-    static let empty = CachedAnswer(encodedEntitlements: [], resolvedAt: 0, validUntil: nil)
-
     init(encodedEntitlements: [UInt8], resolvedAt: Int64, validUntil: Int64?) {
         self.encodedEntitlements = encodedEntitlements
         self.resolvedAt = resolvedAt

@@ -43,6 +43,32 @@ struct EntitlementsServerTests {
         try await fixture.stop()
     }
 
+    @Test("a miss is counted once, and the repeated check is a hit")
+    func missCountedOnce() async throws {
+        let fixture = try await ServerFixture()
+        let client = fixture.client()
+        func totals() async -> (hits: UInt64, misses: UInt64) {
+            var hits: UInt64 = 0
+            var misses: UInt64 = 0
+            for resolver in fixture.server.pool.resolvers {
+                let statistics = await resolver.cacheStatistics
+                hits += statistics.hits
+                misses += statistics.misses
+            }
+            return (hits, misses)
+        }
+        // Warm-up cached production answers; a sandbox check is a new request shape.
+        let before = await totals()
+        _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-4", at: now, environment: .sandbox))
+        let afterMiss = await totals()
+        #expect(afterMiss.misses - before.misses == 1 && afterMiss.hits == before.hits)
+        _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-4", at: now, environment: .sandbox))
+        let afterHit = await totals()
+        #expect(afterHit.hits - afterMiss.hits == 1 && afterHit.misses == afterMiss.misses)
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("bad requests get a clear status and the connection stays usable", arguments: [
         (CheckEntitlementsRequest(userId: ""), StatusCode.invalidArgument, "user_id: must not be empty"),
         (CheckEntitlementsRequest(), .invalidArgument, "user_id: must not be empty"),
@@ -98,12 +124,10 @@ struct EntitlementsServerTests {
         }
         connection.send(frames)
         var answered: [UInt64: CheckEntitlementsResponse] = [:]
-        var order: [UInt64] = []
         while answered.count < 1_000, let frame = try connection.receive() {
             #expect(frame.type == .response && frame.status == .ok)
             #expect(answered[frame.requestID] == nil, "answered twice: \(frame.requestID)")
             answered[frame.requestID] = try CheckEntitlementsResponse(buffer: frame.payload)
-            order.append(frame.requestID)
         }
         #expect(answered.count == 1_000)
         for (id, response) in answered {

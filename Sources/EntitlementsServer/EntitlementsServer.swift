@@ -84,7 +84,7 @@ public final class EntitlementsServer: Sendable {
             eventLoops: loops,
             snapshot: snapshot,
             cacheBytes: configuration.cacheBytes,
-            warmAt: instant ?? ServerConnectionHandler.now()
+            warmAt: instant ?? WallClock.unixMilliseconds()
         )
         let health = ServerHealth()
         let quiescing = ServerQuiescingHelper(group: group)

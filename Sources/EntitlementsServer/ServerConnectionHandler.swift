@@ -152,7 +152,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             userId: userId,
             environment: request.environment,
             entitlementIds: request.entitlementIds,
-            instant: request.at ?? Self.now(),
+            instant: request.at ?? WallClock.unixMilliseconds(),
             deadline: deadline
         )
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
@@ -206,7 +206,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, problem)
             return
         }
-        let instant = request.at ?? Self.now()
+        let instant = request.at ?? WallClock.unixMilliseconds()
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
         self.accept(requestID, deadline: deadline)
         let futures = request.userIds.map { userId in
@@ -426,11 +426,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     // MARK: Helpers
 
-    static func now() -> Int64 {
-        var spec = timespec()
-        clock_gettime(CLOCK_REALTIME, &spec)
-        return Int64(spec.tv_sec) * 1_000 + Int64(spec.tv_nsec) / 1_000_000
-    }
 
     private static func writeVarint(_ value: UInt64, into buffer: inout ByteBuffer) {
         var value = value
@@ -439,6 +434,16 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             value >>= 7
         }
         buffer.writeInteger(UInt8(value))
+    }
+}
+
+/// The wall clock, for evaluation instants ("now" when a request gives none).
+public enum WallClock {
+    /// The current time in Unix milliseconds.
+    public static func unixMilliseconds() -> Int64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_REALTIME, &spec)
+        return Int64(spec.tv_sec) * 1_000 + Int64(spec.tv_nsec) / 1_000_000
     }
 }
 

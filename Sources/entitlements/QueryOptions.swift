@@ -2,12 +2,6 @@ import ArgumentParser
 import EntitlementsFormats
 import EntitlementsMessages
 
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
-
 /// The question of `check` and `resolve`: who, which entitlements, when, where, and how
 /// to print the answer.
 struct QueryOptions: ParsableArguments {
@@ -46,12 +40,5 @@ struct QueryOptions: ParsableArguments {
     /// The answer as the table or the JSON output.
     func render(_ response: CheckEntitlementsResponse) -> String {
         self.json ? EntitlementsOutput.json(response) : EntitlementsOutput.table(response)
-    }
-
-    /// The wall clock in Unix milliseconds.
-    static func now() -> Int64 {
-        var spec = timespec()
-        clock_gettime(CLOCK_REALTIME, &spec)
-        return Int64(spec.tv_sec) * 1_000 + Int64(spec.tv_nsec) / 1_000_000
     }
 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import EntitlementsServer
 import EntitlementsFormats
 import EntitlementsMessages
 import EntitlementsResolver
@@ -22,7 +23,7 @@ struct ResolveCommand: ParsableCommand {
     @OptionGroup var query: QueryOptions
 
     func run() throws {
-        let instant = self.query.instant ?? QueryOptions.now()
+        let instant = self.query.instant ?? WallClock.unixMilliseconds()
         // An InputError names file, line and field; ArgumentParser prints it and exits 1.
         let catalog = try CatalogFile.load(path: self.catalog)
         let directory = try CustomerDirectory.load(path: self.customers)

@@ -1,4 +1,5 @@
 import ArgumentParser
+import EntitlementsServer
 import EntitlementsFormats
 import EntitlementsTools
 
@@ -37,7 +38,7 @@ struct SnapshotCommand: ParsableCommand {
                 catalogPath: self.catalog,
                 customersPath: self.customers,
                 outputPath: self.output,
-                createdDate: QueryOptions.now(),
+                createdDate: WallClock.unixMilliseconds(),
                 hotList: hot
             )
             print("wrote \(self.output): \(report.customers) customers, \(report.bytes) bytes, id \(report.snapshotId), in \(start.duration(to: .now))")
@@ -78,7 +79,7 @@ struct SnapshotCommand: ParsableCommand {
 
         func run() throws {
             let day: Int64 = 86_400_000
-            let now = self.now.flatMap(RFC3339.parse) ?? QueryOptions.now() / day * day
+            let now = self.now.flatMap(RFC3339.parse) ?? WallClock.unixMilliseconds() / day * day
             let start = ContinuousClock.now
             if self.jsonl {
                 let directory = self.output.contains("/") ? String(self.output[..<self.output.lastIndex(of: "/")!]) : "."

@@ -17,3 +17,13 @@ public func runFuzzer(_ target: @convention(c) (UnsafePointer<UInt8>, Int) -> In
     var argv = CommandLine.unsafeArgv
     exit(LLVMFuzzerRunDriver(&argc, &argv, target))
 }
+
+/// Writes the fuzzer's input to a temporary file, runs `body` with its path, removes it.
+public func withInputFile(_ data: UnsafePointer<UInt8>, _ size: Int, suffix: String, _ body: (String) -> Void) {
+    let path = "/tmp/fuzz-\(getpid())\(suffix)"
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    _ = write(fd, data, size)
+    close(fd)
+    defer { unlink(path) }
+    body(path)
+}

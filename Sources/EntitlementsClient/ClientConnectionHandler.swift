@@ -23,6 +23,8 @@ final class ClientConnectionHandler: ChannelInboundHandler {
 
     private var nextRequestID: UInt64 = 1
     private var pending: [UInt64: (promise: EventLoopPromise<Frame>, timer: Scheduled<Void>?)] = [:]
+    /// Open server streams: each message, then the end (status and message).
+    private var streams: [UInt64: (message: (ByteBuffer) -> Void, end: (StatusCode, String) -> Void)] = [:]
     private var context: ChannelHandlerContext?
     /// Set once the server said GOAWAY (its last processed id) or the connection failed.
     private(set) var isDraining = false
@@ -59,6 +61,33 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         return promise.futureResult
     }
 
+    /// Opens a server-streaming call: `message` gets each STREAM_MESSAGE payload, `end`
+    /// the outcome (once). Returns the call's id, for ``cancelStream(_:)``.
+    func openStream(
+        method: MethodID,
+        payload: ByteBuffer,
+        message: @escaping (ByteBuffer) -> Void,
+        end: @escaping (StatusCode, String) -> Void
+    ) -> UInt64? {
+        guard !self.isDraining else {
+            end(.unavailable, "the connection is going away")
+            return nil
+        }
+        let id = self.nextRequestID
+        self.nextRequestID += 1
+        self.streams[id] = (message, end)
+        self.send(.request(id: id, method: method, payload: payload))
+        return id
+    }
+
+    /// Cancels a stream the caller no longer reads.
+    func cancelStream(_ id: UInt64) {
+        guard self.streams.removeValue(forKey: id) != nil else {
+            return
+        }
+        self.send(Frame(type: .cancel, requestID: id))
+    }
+
     private func send(_ frame: Frame) {
         guard let context = self.context else { return }
         var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + frame.payload.readableBytes)
@@ -69,6 +98,10 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = self.unwrapInboundIn(data)
         switch frame.type {
+        case .streamMessage:
+            self.streams[frame.requestID]?.message(frame.payload)
+        case .endOfStream where self.streams[frame.requestID] != nil:
+            self.streams.removeValue(forKey: frame.requestID)?.end(frame.status, frame.message)
         case .response, .endOfStream:
             if let entry = self.pending.removeValue(forKey: frame.requestID) {
                 entry.timer?.cancel()
@@ -83,10 +116,14 @@ final class ClientConnectionHandler: ChannelInboundHandler {
                 entry.timer?.cancel()
                 entry.promise.fail(CallFailure.notProcessed)
             }
+            for (id, stream) in self.streams where id > frame.requestID {
+                self.streams[id] = nil
+                stream.end(.unavailable, "the server is going away and did not start the stream")
+            }
         case .error:
             self.failAll(CallFailure.connectionError(frame.status, frame.message))
             context.close(promise: nil)
-        case .pong, .streamMessage, .request, .cancel:
+        case .pong, .request, .cancel:
             break
         }
     }
@@ -103,6 +140,14 @@ final class ClientConnectionHandler: ChannelInboundHandler {
 
     private func failAll(_ failure: CallFailure) {
         self.isDraining = true
+        let streams = self.streams
+        self.streams.removeAll()
+        for stream in streams.values {
+            switch failure {
+            case .connectionError(let status, let message): stream.end(status, message)
+            default: stream.end(.unavailable, "the connection was lost")
+            }
+        }
         let calls = self.pending
         self.pending.removeAll()
         for entry in calls.values {

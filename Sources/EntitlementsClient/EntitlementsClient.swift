@@ -176,6 +176,46 @@ public final class EntitlementsClient: Sendable {
         }
     }
 
+    /// Opens a WatchEntitlements stream: an event each time a watched customer's answer
+    /// changes. The sequence ends with an error carrying the server's status (e.g.
+    /// RESOURCE_EXHAUSTED for a watcher that fell behind: resubscribe); stopping iteration
+    /// cancels the stream.
+    public func watch(_ request: WatchEntitlementsRequest) async throws -> AsyncThrowingStream<EntitlementsChangedEvent, any Error> {
+        var payload = ByteBuffer()
+        do {
+            try request.serialize(into: &payload)
+        } catch {
+            throw EntitlementsClientError(code: .invalidArgument, message: "\(error)")
+        }
+        let ticket = self.nextSlot.wrappingAdd(1, ordering: .relaxed).oldValue & Int.max
+        let connection = try await self.connection(in: self.slots[ticket % self.slots.count])
+        let (stream, continuation) = AsyncThrowingStream.makeStream(of: EntitlementsChangedEvent.self)
+        let handler = connection.handler
+        let started = try await connection.channel.eventLoop.submit {
+            handler.value.openStream(
+                method: .watchEntitlements,
+                payload: payload,
+                message: { buffer in
+                    do {
+                        continuation.yield(try EntitlementsChangedEvent(buffer: buffer))
+                    } catch {
+                        continuation.finish(throwing: EntitlementsClientError(code: .internalError, message: "an event does not decode: \(error)"))
+                    }
+                },
+                end: { status, message in
+                    continuation.finish(throwing: status == .ok ? nil : EntitlementsClientError(code: status, message: message))
+                }
+            )
+        }.get()
+        if let id = started {
+            let loop = connection.channel.eventLoop
+            continuation.onTermination = { _ in
+                loop.execute { handler.value.cancelStream(id) }
+            }
+        }
+        return stream
+    }
+
     // MARK: Connections
 
     struct Connection: Sendable {

@@ -58,6 +58,50 @@ public enum EntitlementsOutput {
         ])
     }
 
+    /// A write's answer as one JSON line.
+    public static func json(_ response: WriteResponse) -> String {
+        JSONValue.object([
+            ("customerId", .string(response.customerId)),
+            ("changed", .bool(response.changed)),
+            ("created", .bool(response.created)),
+            ("logSequence", response.logSequence > 0 ? .int(Int64(response.logSequence)) : .null),
+        ]).serialized(pretty: false)
+    }
+
+    /// A watch event as one JSON line: customer, cause, what changed, and the new answer.
+    public static func json(_ event: EntitlementsChangedEvent) -> String {
+        func state(_ state: EntitlementState?) -> JSONValue {
+            guard let state else { return .null }
+            return .object([("isActive", .bool(state.isActive)), ("renewState", .name(state.renewState))])
+        }
+        let current = event.current ?? CheckEntitlementsResponse()
+        return JSONValue.object([
+            ("customerId", .string(event.customerId)),
+            ("cause", .string(event.cause == .time ? "time" : event.cause == .write ? "write" : nil)),
+            ("logSequence", event.logSequence > 0 ? .int(Int64(event.logSequence)) : .null),
+            ("changes", .array(event.changes.map { change in
+                .object([("entitlementId", .string(change.entitlementId)), ("before", state(change.before)), ("after", state(change.after))])
+            })),
+            ("requestDate", .date(current.requestDate)),
+            ("validUntil", .date(current.validUntil)),
+            ("entitlements", .object(current.entitlements.map { ($0.id ?? "", Self.json($0)) })),
+        ]).serialized(pretty: false)
+    }
+
+    /// A watch event as one line for people.
+    public static func line(_ event: EntitlementsChangedEvent) -> String {
+        func state(_ state: EntitlementState?) -> String {
+            guard let state else { return "absent" }
+            return (state.isActive ? "active" : "inactive") + (state.renewState.jsonName.map { " (\($0))" } ?? "")
+        }
+        let when = event.current?.requestDate.map(RFC3339.format) ?? "?"
+        let cause = event.cause == .time ? "time" : "write \(event.logSequence)"
+        let changes = event.changes.isEmpty
+            ? "answer changed (dates only)"
+            : event.changes.map { "\($0.entitlementId ?? "?"): \(state($0.before)) -> \(state($0.after))" }.joined(separator: "; ")
+        return "\(when) \(event.customerId ?? "?") [\(cause)] \(changes)"
+    }
+
     /// A table for people: one row per entitlement, then when the answer can change.
     public static func table(_ response: CheckEntitlementsResponse) -> String {
         var lines: [String] = []

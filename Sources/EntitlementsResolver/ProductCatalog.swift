@@ -18,6 +18,14 @@ public struct ProductCatalog: Sendable {
         self.entitlementsByProduct = index
     }
 
+    /// The number of products.
+    public var count: Int { self.entitlementsByProduct.count }
+
+    /// Whether the catalog lists `productId`.
+    public func contains(_ productId: String) -> Bool {
+        self.entitlementsByProduct[productId] != nil
+    }
+
     /// The entitlements `productId` unlocks; empty for consumables and unknown products.
     public func entitlements(unlockedBy productId: String?) -> [String] {
         guard let productId else {

@@ -33,6 +33,46 @@ final class ServerHealth: Sendable {
     }
 }
 
+/// What every connection of a server shares: the resolvers, the store, the watches.
+final class ServerServices: Sendable {
+    let pool: ResolverPool
+    var store: CustomerStore { self.pool.store }
+    let watches: WatchHub
+    let health: ServerHealth
+    /// Where background work (compaction) reports.
+    let report: @Sendable (String) -> Void
+
+    init(pool: ResolverPool, watches: WatchHub, health: ServerHealth, report: @escaping @Sendable (String) -> Void) {
+        self.pool = pool
+        self.watches = watches
+        self.health = health
+        self.report = report
+    }
+
+    /// Compacts now (the Compact method, `entitlements compact`).
+    func compact() async throws -> CustomerStore.CompactionReport {
+        let hotList = await self.pool.hotList()
+        return try await self.store.compact(hotList: hotList, now: WallClock.unixMilliseconds())
+    }
+
+    /// Starts a compaction in the background if the log has grown past the threshold.
+    func compactIfNeeded() {
+        guard self.store.shouldCompact else {
+            return
+        }
+        Task {
+            do {
+                let done = try await self.compact()
+                self.report("compacted: snapshot \(done.snapshotId) holds writes up to \(done.lastLogSequence), \(done.customers) customers; removed \(done.removedSegments.count) log segments")
+            } catch let refusal as WriteRefusal where refusal.reason == .failedPrecondition {
+                // Another compaction is running.
+            } catch {
+                self.report("compaction failed (the log and the old snapshot stay as they were): \(error)")
+            }
+        }
+    }
+}
+
 /// The framed RPC server of docs/PROTOCOL.md: listens on TCP and/or a Unix socket,
 /// decodes frames on the event loops, and answers from a ``ResolverPool``.
 public final class EntitlementsServer: Sendable {
@@ -42,6 +82,9 @@ public final class EntitlementsServer: Sendable {
     public let unixSocketPath: String?
     /// The resolvers and their caches.
     public let pool: ResolverPool
+    /// The customers: snapshot, log and the writes since the snapshot.
+    public var store: CustomerStore { self.pool.store }
+    private let services: ServerServices
 
     private let listeners: [any Channel]
     private let quiescing: ServerQuiescingHelper
@@ -51,24 +94,27 @@ public final class EntitlementsServer: Sendable {
     private init(
         tcpAddress: SocketAddress?,
         unixSocketPath: String?,
-        pool: ResolverPool,
+        services: ServerServices,
         listeners: [any Channel],
         quiescing: ServerQuiescingHelper,
-        health: ServerHealth,
         group: any EventLoopGroup
     ) {
         self.tcpAddress = tcpAddress
         self.unixSocketPath = unixSocketPath
-        self.pool = pool
+        self.pool = services.pool
+        self.services = services
         self.listeners = listeners
         self.quiescing = quiescing
-        self.health = health
+        self.health = services.health
         self.group = group
     }
 
-    /// Opens the resolvers over `snapshot`, warms their caches (at `instant`, default now),
-    /// and starts listening. `resolverLoops` puts the resolvers on other event loops than
-    /// the connections' (tests use it to hold resolvers still).
+    /// Compacts the data directory now: a new snapshot with every acknowledged write.
+    public func compact() async throws -> CustomerStore.CompactionReport {
+        try await self.services.compact()
+    }
+
+    /// Serves `snapshot` read-only (writes answer UNAVAILABLE).
     public static func start(
         snapshot: SnapshotReader,
         configuration: ServerConfiguration,
@@ -76,17 +122,39 @@ public final class EntitlementsServer: Sendable {
         resolverLoops: [any EventLoop]? = nil,
         warmAt instant: Int64? = nil
     ) async throws -> EntitlementsServer {
+        try await Self.start(
+            store: .readOnly(snapshot),
+            configuration: configuration,
+            group: group,
+            resolverLoops: resolverLoops,
+            warmAt: instant
+        )
+    }
+
+    /// Opens the resolvers over `store`, warms their caches (at `instant`, default now),
+    /// and starts listening. `resolverLoops` puts the resolvers on other event loops than
+    /// the connections' (tests use it to hold resolvers still). `report` receives what
+    /// background work (compaction) has to say.
+    public static func start(
+        store: CustomerStore,
+        configuration: ServerConfiguration,
+        group: MultiThreadedEventLoopGroup,
+        resolverLoops: [any EventLoop]? = nil,
+        warmAt instant: Int64? = nil,
+        report: @escaping @Sendable (String) -> Void = { _ in }
+    ) async throws -> EntitlementsServer {
         // By default the resolvers run on the connections' event loops, so a check whose
         // customer belongs to the connection's loop costs no hop at all.
         let loops = resolverLoops ?? Array(group.makeIterator())
         let pool = try ResolverPool(
             count: max(1, configuration.resolvers),
             eventLoops: loops,
-            snapshot: snapshot,
+            store: store,
             cacheBytes: configuration.cacheBytes,
             warmAt: instant ?? WallClock.unixMilliseconds()
         )
         let health = ServerHealth()
+        let services = ServerServices(pool: pool, watches: WatchHub(maximumWatches: configuration.maximumWatchStreams), health: health, report: report)
         let quiescing = ServerQuiescingHelper(group: group)
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1_024)
@@ -102,7 +170,7 @@ public final class EntitlementsServer: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandlers(
                         ByteToMessageHandler(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize)),
-                        ServerConnectionHandler(pool: pool, configuration: configuration, health: health)
+                        ServerConnectionHandler(services: services, configuration: configuration)
                     )
                 }
             }
@@ -132,10 +200,9 @@ public final class EntitlementsServer: Sendable {
         return EntitlementsServer(
             tcpAddress: tcpAddress,
             unixSocketPath: configuration.unixSocketPath,
-            pool: pool,
+            services: services,
             listeners: listeners,
             quiescing: quiescing,
-            health: health,
             group: group
         )
     }
@@ -169,5 +236,7 @@ public final class EntitlementsServer: Sendable {
         let promise = self.group.next().makePromise(of: Void.self)
         self.quiescing.initiateShutdown(promise: promise)
         try? await promise.futureResult.get()
+        // Every acknowledged write is durable already; this waits for queued ones.
+        self.store.close()
     }
 }

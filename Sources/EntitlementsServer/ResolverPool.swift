@@ -19,10 +19,10 @@ struct CheckQuery: Sendable {
 enum CheckOutcome: Sendable {
     /// The answer; `customerId` is nil for an unknown user.
     case answer(CachedAnswer, customerId: String?, fromCache: Bool)
-    /// The user id is an alias of a customer another resolver owns: ask it, with the
-    /// record already read, or (for an alias learnt earlier) with the customer id alone.
-    case forward(shard: Int, record: CustomerRecord)
-    case forwardKnownAlias(shard: Int, customerId: String)
+    /// The user id is an alias of a customer another resolver owns: ask it by the
+    /// customer id. (It reads the record itself: a record read here could be older than
+    /// a write the owner has already been told about.)
+    case forward(shard: Int, customerId: String)
     /// The deadline passed before the work started.
     case deadlineExceeded
     /// The snapshot could not be read (corruption): INTERNAL, with the reason.
@@ -46,19 +46,20 @@ public actor ResolverActor {
 
     let shard: Int
     let shardCount: Int
-    private let snapshot: SnapshotReader
+    private let store: CustomerStore
     private let resolver: EntitlementResolver
     private(set) var cache: LRUCache
-    /// alias -> canonical id, learnt from snapshot reads, so that a repeated alias check
-    /// costs no snapshot read. Bounded: cleared when it reaches `aliasLimit`.
+    /// alias -> canonical id, learnt from store reads, so that a repeated alias check
+    /// costs no store read. Bounded: cleared when it reaches `aliasLimit`. A write that
+    /// moves or removes an alias makes every resolver forget it before it is acknowledged.
     private var aliases: [String: String] = [:]
     private let aliasLimit = 100_000
 
-    init(shard: Int, shardCount: Int, eventLoop: any EventLoop, snapshot: SnapshotReader, resolver: EntitlementResolver, cache: LRUCache) {
+    init(shard: Int, shardCount: Int, eventLoop: any EventLoop, store: CustomerStore, resolver: EntitlementResolver, cache: LRUCache) {
         self.shard = shard
         self.shardCount = shardCount
         self.eventLoop = eventLoop
-        self.snapshot = snapshot
+        self.store = store
         self.resolver = resolver
         self.cache = cache
     }
@@ -78,12 +79,12 @@ public actor ResolverActor {
                 return .answer(answer, customerId: canonical, fromCache: true)
             }
         } else {
-            // An alias learnt earlier, of another resolver's customer: no snapshot read here.
-            return .forwardKnownAlias(shard: owner, customerId: canonical)
+            // An alias learnt earlier, of another resolver's customer: no store read here.
+            return .forward(shard: owner, customerId: canonical)
         }
         let record: CustomerRecord?
         do {
-            record = try self.snapshot.customer(for: query.userId)
+            record = try self.store.customer(for: query.userId)
         } catch {
             return .failed("\(error)")
         }
@@ -98,7 +99,7 @@ public actor ResolverActor {
         }
         let recordOwner = LRUCache.shardIndex(for: customerId, shardCount: self.shardCount)
         guard recordOwner == self.shard else {
-            return .forward(shard: recordOwner, record: record)
+            return .forward(shard: recordOwner, customerId: customerId)
         }
         if customerId == query.userId {
             // The cache was asked above, under this very key.
@@ -119,7 +120,7 @@ public actor ResolverActor {
         }
         let record: CustomerRecord?
         do {
-            record = try self.snapshot.customer(for: customerId)
+            record = try self.store.customer(for: customerId)
         } catch {
             return .failed("\(error)")
         }
@@ -129,13 +130,20 @@ public actor ResolverActor {
         return self.resolveAndCache(record, customerId: customerId, query)
     }
 
-    /// The answer for `record`, which another resolver read for an alias of this
-    /// resolver's customer.
-    func check(_ query: CheckQuery, record: CustomerRecord) -> CheckOutcome {
-        if let deadline = query.deadline, NIODeadline.now() >= deadline {
-            return .deadlineExceeded
+    /// Forgets what a write changed, before the write is acknowledged: the cached answers
+    /// of `customerIds` (those this resolver owns) and the learnt `aliases`.
+    func invalidate(customerIds: some Sequence<String>, aliases: some Sequence<String>) {
+        for id in customerIds {
+            self.cache.removeAll(customerId: id)
         }
-        return self.answer(for: record, customerId: record.id ?? "", query)
+        for alias in aliases {
+            self.aliases[alias] = nil
+        }
+    }
+
+    /// This resolver's customers by last use, for a new snapshot's hot list.
+    func recency() -> [(customerId: String, lastUsed: Int64)] {
+        self.cache.recency()
     }
 
     /// The cached answer for the customer, or a freshly resolved one.
@@ -173,33 +181,36 @@ public actor ResolverActor {
 public final class ResolverPool: Sendable {
     /// The resolvers, indexed by shard.
     public let resolvers: [ResolverActor]
-    /// The snapshot every resolver reads.
-    public let snapshot: SnapshotReader
+    /// The customers every resolver reads.
+    public let store: CustomerStore
+    /// The entitlement rules, over the snapshot's catalog.
+    let resolver: EntitlementResolver
 
-    /// Creates `count` resolvers over `snapshot`, each with `cacheBytes / count` of cache,
+    /// Creates `count` resolvers over `store`, each with `cacheBytes / count` of cache,
     /// and warms their caches from the snapshot's hot list at `instant`.
     public init(
         count: Int,
         eventLoops: [any EventLoop],
-        snapshot: SnapshotReader,
+        store: CustomerStore,
         cacheBytes: Int,
         warmAt instant: Int64
     ) throws {
         precondition(count > 0 && !eventLoops.isEmpty)
-        let resolver = EntitlementResolver(catalog: snapshot.catalog)
+        let resolver = EntitlementResolver(catalog: store.catalog)
         var shards = (0..<count).map { _ in LRUCache(budgetBytes: cacheBytes / count) }
-        self.warmup = try CacheWarmer.warm(&shards, from: snapshot, resolver: resolver, at: instant)
+        self.warmup = try CacheWarmer.warm(&shards, hotList: store.snapshot.hotList, lookup: store.customer(for:), resolver: resolver, at: instant)
         self.resolvers = shards.enumerated().map { index, cache in
             ResolverActor(
                 shard: index,
                 shardCount: count,
                 eventLoop: eventLoops[index % eventLoops.count],
-                snapshot: snapshot,
+                store: store,
                 resolver: resolver,
                 cache: cache
             )
         }
-        self.snapshot = snapshot
+        self.store = store
+        self.resolver = resolver
     }
 
     /// What warm-up did at start.
@@ -220,12 +231,7 @@ public final class ResolverPool: Sendable {
             // At most one extra hop: the owner is asked about its own customer and never
             // forwards.
             switch outcome {
-            case .forward(let shard, let record):
-                let owner = self.resolvers[shard]
-                Self.onLoop(of: owner) {
-                    promise.succeed(owner.assumeIsolated { $0.check(query, record: record) })
-                }
-            case .forwardKnownAlias(let shard, let customerId):
+            case .forward(let shard, let customerId):
                 let owner = self.resolvers[shard]
                 Self.onLoop(of: owner) {
                     promise.succeed(owner.assumeIsolated { $0.check(query, customerId: customerId) })
@@ -236,8 +242,33 @@ public final class ResolverPool: Sendable {
         }
     }
 
+    /// Makes every resolver forget what `write` changed; the future completes when all
+    /// have (the write may then be acknowledged).
+    func invalidate(after write: CustomerStore.CommittedWrite, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let customerIds = Array(write.effect.records.keys)
+        let aliases = Array(write.effect.aliases.keys)
+        let done = self.resolvers.map { resolver in
+            let promise = eventLoop.makePromise(of: Void.self)
+            Self.onLoop(of: resolver) {
+                resolver.assumeIsolated { $0.invalidate(customerIds: customerIds, aliases: aliases) }
+                promise.succeed()
+            }
+            return promise.futureResult
+        }
+        return EventLoopFuture.andAllSucceed(done, on: eventLoop)
+    }
+
+    /// Every resolver's customers by last use, merged: a new snapshot's hot list.
+    func hotList(limit: Int = 1_000_000) async -> [String] {
+        var recencies: [[(customerId: String, lastUsed: Int64)]] = []
+        for resolver in self.resolvers {
+            recencies.append(await resolver.recency())
+        }
+        return CacheWarmer.hotList(merging: recencies, limit: limit)
+    }
+
     /// Runs `body` on the resolver's event loop: now if already there, else one hop.
-    private static func onLoop(of resolver: ResolverActor, _ body: @escaping @Sendable () -> Void) {
+    static func onLoop(of resolver: ResolverActor, _ body: @escaping @Sendable () -> Void) {
         if resolver.eventLoop.inEventLoop {
             body()
         } else {

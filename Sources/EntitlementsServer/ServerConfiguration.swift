@@ -18,6 +18,11 @@ public struct ServerConfiguration: Sendable {
     public var maximumInFlightPerConnection: Int
     /// The most user ids in one BatchCheckEntitlements. Default 1,000.
     public var maximumBatchSize: Int
+    /// The most WatchEntitlements streams open at once. Default 1,024.
+    public var maximumWatchStreams: Int
+    /// Events a watch holds while its socket is full before it is ended with
+    /// RESOURCE_EXHAUSTED. Default 1,024.
+    public var watchBufferEvents: Int
     /// Reported by Health.
     public var version: String
 
@@ -30,8 +35,12 @@ public struct ServerConfiguration: Sendable {
         maximumPayloadSize: Int = Frame.defaultMaximumPayloadSize,
         maximumInFlightPerConnection: Int = 1_024,
         maximumBatchSize: Int = 1_000,
+        maximumWatchStreams: Int = 1_024,
+        watchBufferEvents: Int = 1_024,
         version: String = "0.1.0"
     ) {
+        self.maximumWatchStreams = maximumWatchStreams
+        self.watchBufferEvents = watchBufferEvents
         self.tcp = tcp
         self.unixSocketPath = unixSocketPath
         self.resolvers = resolvers ?? System.coreCount

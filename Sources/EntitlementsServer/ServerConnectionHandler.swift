@@ -20,12 +20,16 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     typealias InboundIn = Frame
     typealias OutboundOut = ByteBuffer
 
-    private let pool: ResolverPool
+    private let services: ServerServices
+    private var pool: ResolverPool { self.services.pool }
     private let configuration: ServerConfiguration
-    private let health: ServerHealth
+    private var health: ServerHealth { self.services.health }
 
     /// Calls accepted and not yet answered, with their deadline timers.
     private var pending: [UInt64: Scheduled<Void>?] = [:]
+    /// Open WatchEntitlements streams by request id (not in `pending`: they never end on
+    /// their own).
+    private var watches: [UInt64: Watch] = [:]
     private var lastRequestID: UInt64 = 0
     private var draining = false
     /// Set after a connection error: nothing more is read or answered.
@@ -37,10 +41,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var needsFlush = false
     private var context: ChannelHandlerContext!
 
-    init(pool: ResolverPool, configuration: ServerConfiguration, health: ServerHealth) {
-        self.pool = pool
+    init(services: ServerServices, configuration: ServerConfiguration) {
+        self.services = services
         self.configuration = configuration
-        self.health = health
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -52,6 +55,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             timer?.cancel()
         }
         self.pending.removeAll()
+        for watch in self.watches.values {
+            watch.abandon()
+        }
+        self.watches.removeAll()
         self.context = nil
     }
 
@@ -86,6 +93,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            for watch in self.watches.values {
+                watch.channelBecameWritable()
+            }
+        }
         self.updateReading()
         context.fireChannelWritabilityChanged()
     }
@@ -130,6 +142,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.batchCheck(frame, deadline: deadline)
         case .health:
             self.healthCheck(frame)
+        case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
+            self.write(frame, deadline: deadline)
+        case .watchEntitlements:
+            self.watch(frame)
+        case .compact:
+            self.compact(frame)
         default:
             self.fail(frame.requestID, .unimplemented, "\(frame.method) is not implemented by this server")
         }
@@ -165,7 +183,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 case .answer(let answer, let customerId, let fromCache):
                     answer.writeResponse(userId: userId, customerId: customerId, requestDate: query.instant, into: &buffer)
                     return fromCache ? .fromCache : []
-                case .deadlineExceeded, .forward, .forwardKnownAlias:
+                case .deadlineExceeded, .forward:
                     return nil
                 case .failed(let reason):
                     buffer.writeString(reason)
@@ -228,7 +246,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 case .failed(let reason):
                     self.fail(requestID, .internalError, "user \(userId): \(reason)")
                     return
-                case .deadlineExceeded, .forward, .forwardKnownAlias:
+                case .deadlineExceeded, .forward:
                     self.fail(requestID, .deadlineExceeded, "the deadline passed before every user was checked")
                     return
                 }
@@ -256,7 +274,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private func healthCheck(_ frame: Frame) {
         let response = HealthResponse(
             status: self.draining || !self.health.isServing ? .notServing : .serving,
-            snapshotId: self.pool.snapshot.header.snapshotId,
+            snapshotId: self.services.store.snapshot.header.snapshotId,
             uptimeMs: self.health.uptimeMilliseconds,
             version: self.configuration.version
         )
@@ -270,7 +288,201 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
     }
 
+    // MARK: Writes
+
+    /// A write: validated and applied by the store, acknowledged once it is durable and
+    /// every resolver has forgotten what it changed (so any later check sees it).
+    private func write(_ frame: Frame, deadline: NIODeadline?) {
+        let mutation: LogRecord.Mutation
+        do {
+            mutation = try Self.mutation(frame)
+        } catch {
+            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            return
+        }
+        let requestID = frame.requestID
+        self.accept(requestID, deadline: deadline)
+        let loop = self.context.eventLoop
+        let handler = NIOLoopBound(self, eventLoop: loop)
+        let services = self.services
+        services.store.write(mutation, now: WallClock.unixMilliseconds()) { result in
+            switch result {
+            case .success(let outcome):
+                let response = WriteResponse(
+                    customerId: outcome.customerId,
+                    logSequence: outcome.sequence ?? 0,
+                    changed: outcome.changed,
+                    created: outcome.created
+                )
+                guard let committed = outcome.committed else {
+                    loop.execute { handler.value.answerWrite(requestID, response) }
+                    return
+                }
+                // Invalidate first, then tell watchers, then acknowledge.
+                let invalidated = services.pool.invalidate(after: committed, on: loop)
+                services.watches.publish(committed)
+                invalidated.whenComplete { _ in
+                    handler.value.answerWrite(requestID, response)
+                }
+                services.compactIfNeeded()
+            case .failure(let error):
+                loop.execute {
+                    handler.value.failWrite(requestID, error)
+                }
+            }
+        }
+    }
+
+    private func answerWrite(_ requestID: UInt64, _ response: WriteResponse) {
+        guard self.context != nil else {
+            return
+        }
+        self.complete(requestID) { buffer in
+            (try? response.serialize(into: &buffer)) == nil ? nil : []
+        } failure: {
+            .internalError
+        }
+    }
+
+    private func failWrite(_ requestID: UInt64, _ error: any Error) {
+        guard self.context != nil, self.pending[requestID] != nil else {
+            return
+        }
+        if let refusal = error as? WriteRefusal {
+            self.fail(requestID, Self.status(of: refusal), refusal.message)
+        } else {
+            self.fail(requestID, .internalError, "\(error)")
+        }
+    }
+
+    static func status(of refusal: WriteRefusal) -> StatusCode {
+        switch refusal.reason {
+        case .invalidArgument: .invalidArgument
+        case .notFound: .notFound
+        case .failedPrecondition: .failedPrecondition
+        case .unavailable: .unavailable
+        }
+    }
+
+    private static func mutation(_ frame: Frame) throws -> LogRecord.Mutation {
+        switch frame.method {
+        case .recordTransaction: .recordTransaction(try RecordTransactionRequest(buffer: frame.payload))
+        case .updateSubscriptionState: .updateSubscriptionState(try UpdateSubscriptionStateRequest(buffer: frame.payload))
+        case .grantEntitlement: .grantEntitlement(try GrantEntitlementRequest(buffer: frame.payload))
+        case .revokeGrant: .revokeGrant(try RevokeGrantRequest(buffer: frame.payload))
+        case .linkAlias: .linkAlias(try LinkAliasRequest(buffer: frame.payload))
+        default: .deleteCustomer(try DeleteCustomerRequest(buffer: frame.payload))
+        }
+    }
+
+    private func compact(_ frame: Frame) {
+        let requestID = frame.requestID
+        self.accept(requestID, deadline: nil)
+        let handler = NIOLoopBound(self, eventLoop: self.context.eventLoop)
+        let loop = self.context.eventLoop
+        let services = self.services
+        Task {
+            let result: Result<CustomerStore.CompactionReport, any Error>
+            do {
+                result = .success(try await services.compact())
+            } catch {
+                result = .failure(error)
+            }
+            loop.execute {
+                switch result {
+                case .success(let report):
+                    let response = CompactResponse(snapshotId: report.snapshotId, lastLogSequence: report.lastLogSequence)
+                    handler.value.complete(requestID) { buffer in
+                        (try? response.serialize(into: &buffer)) == nil ? nil : []
+                    } failure: {
+                        .internalError
+                    }
+                case .failure(let error):
+                    handler.value.failWrite(requestID, error)
+                }
+            }
+        }
+    }
+
+    // MARK: Watch
+
+    private func watch(_ frame: Frame) {
+        let request: WatchEntitlementsRequest
+        do {
+            request = try WatchEntitlementsRequest(buffer: frame.payload)
+        } catch {
+            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            return
+        }
+        let everyCustomer = request.allCustomers == true
+        guard everyCustomer != !request.userIds.isEmpty else {
+            self.fail(frame.requestID, .invalidArgument, "user_ids or all_customers: give one of them (user_ids has \(request.userIds.count) ids)")
+            return
+        }
+        guard request.userIds.count <= self.configuration.maximumBatchSize else {
+            self.fail(
+                frame.requestID,
+                .resourceExhausted,
+                "user_ids: \(request.userIds.count) users; a watch holds at most \(self.configuration.maximumBatchSize)"
+            )
+            return
+        }
+        for (index, userId) in request.userIds.enumerated() {
+            if let problem = Validation.problem(userId: userId, field: "user_ids[\(index)]") {
+                self.fail(frame.requestID, .invalidArgument, problem)
+                return
+            }
+        }
+        if let problem = Validation.problem(entitlementIds: request.entitlementIds) {
+            self.fail(frame.requestID, .invalidArgument, problem)
+            return
+        }
+        let requestID = frame.requestID
+        let store = self.services.store
+        let customerIds: [String]
+        do {
+            // Aliases are watched as their customer; an unknown id as the customer a first
+            // write would create.
+            customerIds = Array(Set(try request.userIds.map { try store.customer(for: $0)?.id ?? $0 }))
+        } catch {
+            self.fail(requestID, .internalError, "\(error)")
+            return
+        }
+        let hub = self.services.watches
+        let watch = Watch(
+            eventLoop: self.context.eventLoop,
+            requestID: requestID,
+            request: request,
+            customerIds: customerIds,
+            resolver: self.pool.resolver,
+            store: store,
+            bufferLimit: self.configuration.watchBufferEvents,
+            send: { [unowned self] buffer in
+                self.send(buffer)
+                return self.context?.channel.isWritable ?? false
+            },
+            ended: { [unowned self] watch in
+                hub.remove(watch)
+                self.watches[watch.requestID] = nil
+            }
+        )
+        guard hub.add(watch) else {
+            self.fail(requestID, .resourceExhausted, "the server has \(hub.maximumWatches) watch streams, its maximum; try again later")
+            return
+        }
+        self.watches[requestID] = watch
+        do {
+            try watch.start(now: WallClock.unixMilliseconds())
+        } catch {
+            watch.finish(.internalError, "cannot read the watched customers: \(error)")
+        }
+    }
+
     private func cancel(_ requestID: UInt64) {
+        if let watch = self.watches[requestID] {
+            watch.finish(.cancelled, "cancelled by the client")
+            return
+        }
         guard self.pending[requestID] != nil else {
             return  // already answered, or never existed: harmless
         }
@@ -313,7 +525,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// Answers a pending call: `body` writes the payload of an OK RESPONSE and returns its
     /// flags, or returns nil for a failure whose status `failure` gives (the payload then
     /// being the message). A call no longer pending (cancelled, timed out) is dropped.
-    private func complete(
+    fileprivate func complete(
         _ requestID: UInt64,
         _ body: (inout ByteBuffer) -> FrameFlags?,
         failure: () -> StatusCode
@@ -402,6 +614,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         self.draining = true
         self.write(header: .goAway, requestID: self.lastRequestID, payload: ByteBuffer(string: "server shutting down"))
+        for watch in Array(self.watches.values) {
+            watch.finish(.unavailable, "the server is shutting down; resubscribe")
+        }
         self.flushIfNeeded()
         if self.pending.isEmpty {
             self.context.close(promise: nil)

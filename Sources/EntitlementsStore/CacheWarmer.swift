@@ -1,4 +1,4 @@
-import EntitlementsMessages
+public import EntitlementsMessages
 public import EntitlementsResolver
 
 /// Fills the cache shards from a snapshot's hot list before the server reports ready.
@@ -17,7 +17,7 @@ public enum CacheWarmer {
         public var stoppedFull = false
     }
 
-    /// Resolves the snapshot's hot-list customers at `instant`, hottest first, and caches
+    /// Resolves the hot-list customers at `instant`, hottest first, and caches
     /// each answer for the default request shape (production, all entitlements) in its
     /// shard, until the hot list or the shards' room runs out. Nothing is evicted: the
     /// hottest customers are the ones that stay, in hot-list recency order.
@@ -27,10 +27,22 @@ public enum CacheWarmer {
         resolver: EntitlementResolver,
         at instant: Int64
     ) throws -> Report {
+        try Self.warm(&shards, hotList: snapshot.hotList, lookup: snapshot.customer(for:), resolver: resolver, at: instant)
+    }
+
+    /// Warms `shards` from `hotList`, reading each customer's current record with `lookup`
+    /// (the snapshot with the log's writes applied, for a server with a data directory).
+    public static func warm(
+        _ shards: inout [LRUCache],
+        hotList: [String],
+        lookup: (String) throws -> CustomerRecord?,
+        resolver: EntitlementResolver,
+        at instant: Int64
+    ) throws -> Report {
         var report = Report()
         var full = [Bool](repeating: false, count: shards.count)
         var fullCount = 0
-        for id in snapshot.hotList {
+        for id in hotList {
             if fullCount == shards.count {
                 report.stoppedFull = true
                 break
@@ -40,7 +52,7 @@ public enum CacheWarmer {
                 report.customersSkipped += 1
                 continue
             }
-            guard let record = try snapshot.customer(for: id), let customerId = record.id else {
+            guard let record = try lookup(id), let customerId = record.id else {
                 report.customersMissing += 1
                 continue
             }
@@ -69,7 +81,12 @@ public enum CacheWarmer {
     /// The hot list for a new snapshot: customers of all shards by their last use, most
     /// recent first, each once.
     public static func hotList(of shards: [LRUCache], limit: Int = 1_000_000) -> [String] {
-        var merged = shards.flatMap { $0.recency() }
+        Self.hotList(merging: shards.map { $0.recency() }, limit: limit)
+    }
+
+    /// Merges the shards' ``LRUCache/recency()`` lists into one hot list.
+    public static func hotList(merging recencies: [[(customerId: String, lastUsed: Int64)]], limit: Int = 1_000_000) -> [String] {
+        var merged = recencies.flatMap { $0 }
         merged.sort { $0.lastUsed > $1.lastUsed }
         var seen = Set<String>()
         var ids: [String] = []

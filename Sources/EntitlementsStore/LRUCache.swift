@@ -38,6 +38,8 @@ public struct LRUCache: Sendable {
         var lastUsed: Int64
         var previous: Int32
         var next: Int32
+        /// The next entry of the same customer (another request shape); -1 at the end.
+        var nextOfCustomer: Int32 = -1
     }
 
     /// The most bytes the entries may account for.
@@ -47,6 +49,9 @@ public struct LRUCache: Sendable {
     private var slots: [CacheKey: Int32] = [:]
     private var nodes: [Node] = []
     private var freeSlots: [Int32] = []
+    /// Each cached customer's first entry; the rest follow through `nextOfCustomer`. Lets
+    /// a write remove a customer's entries without scanning the cache.
+    private var firstOfCustomer: [String: Int32] = [:]
     /// Most recently used; -1 when empty.
     private var head: Int32 = -1
     /// Least recently used; -1 when empty.
@@ -115,11 +120,10 @@ public struct LRUCache: Sendable {
         self.statistics.bytes + cost <= self.budgetBytes
     }
 
-    /// Removes every entry of `customerId` (all request shapes), e.g. after a write.
-    /// O(entries); writes are rare next to checks.
+    /// Removes every entry of `customerId` (all request shapes), e.g. after a write:
+    /// O(the customer's entries).
     public mutating func removeAll(customerId: String) {
-        let doomed = self.slots.compactMap { $0.key.customerId == customerId ? $0.value : nil }
-        for slot in doomed {
+        while let slot = self.firstOfCustomer[customerId] {
             self.remove(slot: slot)
         }
     }
@@ -181,6 +185,8 @@ public struct LRUCache: Sendable {
             self.nodes.append(node)
         }
         self.slots[key] = slot
+        self.nodes[Int(slot)].nextOfCustomer = self.firstOfCustomer[key.customerId] ?? -1
+        self.firstOfCustomer[key.customerId] = slot
         if asLeastRecent {
             self.linkAtBack(slot)
         } else {
@@ -196,12 +202,32 @@ public struct LRUCache: Sendable {
         self.unlink(slot)
         let node = self.nodes[Int(slot)]
         self.slots[node.key] = nil
+        self.unlinkFromCustomer(slot, customerId: node.key.customerId, next: node.nextOfCustomer)
         self.statistics.bytes -= node.cost
         self.statistics.entries -= 1
         // Drop the key's and answer's storage now, not when the slot is reused.
         self.nodes[Int(slot)].key = CacheKey(customerId: "")
         self.nodes[Int(slot)].answer = CachedAnswer.empty(resolvedAt: 0)
         self.freeSlots.append(slot)
+    }
+
+    private mutating func unlinkFromCustomer(_ slot: Int32, customerId: String, next: Int32) {
+        guard let first = self.firstOfCustomer[customerId] else {
+            return
+        }
+        if first == slot {
+            self.firstOfCustomer[customerId] = next >= 0 ? next : nil
+            return
+        }
+        // A customer has few request shapes: walk to the predecessor.
+        var previous = first
+        while self.nodes[Int(previous)].nextOfCustomer >= 0 {
+            if self.nodes[Int(previous)].nextOfCustomer == slot {
+                self.nodes[Int(previous)].nextOfCustomer = next
+                return
+            }
+            previous = self.nodes[Int(previous)].nextOfCustomer
+        }
     }
 
     private mutating func moveToFront(_ slot: Int32) {

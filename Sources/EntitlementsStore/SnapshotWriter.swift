@@ -99,7 +99,10 @@ public struct SnapshotWriter: ~Copyable {
 
     /// Writes the index, the hot list (customer ids, hottest first) and the header, then
     /// makes the file durable and moves it into place.
-    public consuming func finish(hotList: [String] = []) throws {
+    ///
+    /// `beforeRename` runs once the temporary file is complete and durable, just before it
+    /// replaces the destination (compaction's crash tests stop the process there).
+    public consuming func finish(hotList: [String] = [], beforeRename: () -> Void = {}) throws {
         let recordsRange = SectionRange(offset: UInt64(SnapshotFormat.fileHeaderSize), length: self.offset - UInt64(SnapshotFormat.fileHeaderSize))
         self.entries.sort { $0.hash != $1.hash ? $0.hash < $1.hash : $0.offset < $1.offset }
         try self.checkDuplicateKeys()
@@ -147,6 +150,7 @@ public struct SnapshotWriter: ~Copyable {
         try fileHeader.withUnsafeBytes { try self.file.write($0, at: 0) }
 
         try self.file.sync()
+        beforeRename()
         try FileDescriptor.move(self.temporaryPath, to: self.path)
         self.finished = true
         try FileDescriptor.syncDirectory(of: self.path)

@@ -10,120 +10,295 @@ import Darwin
 
 /// The write-ahead log: every acknowledged write is on disk before it is acknowledged.
 ///
-/// File layout (little-endian): a 16-byte header (`ENTWAL` and two NUL bytes, format
+/// The log is a directory of **segments**, `log-<first sequence, 20 digits>.wal`; appends
+/// go to the last one, and ``rotate()`` starts a new one so that compaction can remove the
+/// segments a snapshot covers (docs/durability.md).
+///
+/// Segment layout (little-endian): a 16-byte header (`ENTWAL` and two NUL bytes, format
 /// version u32, reserved u32), then **batches**. A batch is one group commit: payload
 /// length (u32), CRC-32C of the payload (u32), and the payload, which is a sequence of
 /// records, each a length (u32) and a `LogRecord` message. A batch is written with one
 /// write and made durable with one fsync before any of its writes is acknowledged and
-/// before the next batch is written, so only the last batch can be incomplete after a
-/// crash: replay drops a torn last batch (none of its writes was acknowledged) and refuses
-/// a damaged batch that has valid data after it.
+/// before the next batch is written, so only the last batch of the last segment can be
+/// incomplete after a crash: replay drops a torn last batch (none of its writes was
+/// acknowledged) and refuses a damaged batch that has valid data after it.
 ///
 /// Appends from many callers are gathered by one writer thread into a batch while the
-/// previous fsync runs (group commit): under load, many writes share one fsync.
+/// previous fsync runs (group commit): under load, many writes share one fsync. The
+/// writer calls each append's completion in sequence order, on its thread.
 public final class WriteAheadLog: Sendable {
+    /// When the log fsyncs. Both modes are safe: nothing is acknowledged before its fsync.
+    public enum SyncMode: String, Sendable, CaseIterable {
+        /// Group commit: each fsync covers every append that queued while the previous one
+        /// ran. The default.
+        case batch
+        /// One fsync per append, one append at a time: the most latency, the least throughput.
+        case always
+    }
+
     /// What replay found.
     public struct Replay: Sendable {
         /// Every record of every complete batch, in order.
         public var records: [LogRecord]
         /// Bytes of a torn last batch that were dropped (and cut off the file); 0 if none.
         public var tornBytes: UInt64
-        /// The offset the torn batch started at, if there was one.
+        /// The segment and offset the torn batch started at, if there was one.
         public var tornOffset: UInt64?
+        public var tornPath: String?
         /// Complete batches read: each was one write and one fsync.
         public var batches: Int = 0
+        /// The segments read, oldest first.
+        public var segments: [String] = []
     }
+
+    /// A completion: the sequence number once durable, or why the append failed.
+    public typealias Completion = @Sendable (Result<UInt64, any Error>) -> Void
 
     static let magic: [UInt8] = Array("ENTWAL".utf8) + [0, 0]
     static let version: UInt32 = 1
     static let headerSize = 16
+    static let segmentPrefix = "log-"
+    static let segmentSuffix = ".wal"
 
-    public let path: String
-    private let fd: Int32
+    /// The directory of segments.
+    public let directory: String
+    public let syncMode: SyncMode
     private let state: Mutex<State>
     private let wakeUp = DispatchSemaphoreBox()
+    private let stopped = DispatchSemaphoreBox()
 
-    private struct Pending {
-        var bytes: [UInt8]
-        var continuation: CheckedContinuation<UInt64, any Error>
-        var sequence: UInt64
+    private enum Item {
+        case record(bytes: [UInt8], sequence: UInt64, completion: Completion)
+        /// Start a new segment whose first sequence is `firstSequence`.
+        case rotate(firstSequence: UInt64, completion: @Sendable (Result<String, any Error>) -> Void)
+    }
+
+    private struct Segment {
+        var firstSequence: UInt64
+        var path: String
     }
 
     private struct State {
-        var queue: [Pending] = []
+        var queue: [Item] = []
         var nextSequence: UInt64
+        /// Segments oldest first; the last is written to.
+        var segments: [Segment]
+        var fd: Int32
         var offset: UInt64
+        /// Every segment's bytes.
+        var diskBytes: UInt64
         var closed = false
         var failure: String?
     }
 
-    /// Opens (or creates) the log at `path`, replays it, cuts off a torn last batch, and
-    /// starts the writer thread. Sequence numbers continue after the last replayed one
-    /// (or after `lastSnapshotSequence`, whichever is greater).
-    public static func open(path: String, lastSnapshotSequence: UInt64 = 0) throws -> (WriteAheadLog, Replay) {
-        let fd = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        guard fd >= 0 else {
-            throw SnapshotError(code: .io, path: path, reason: "cannot open the log: \(String(cString: strerror(errno)))")
+    /// Opens (or creates) the log in `directory`, replays every segment, cuts off a torn
+    /// last batch, and starts the writer thread. Sequence numbers continue after the last
+    /// replayed one (or after `lastSnapshotSequence`, whichever is greater).
+    ///
+    /// Throws if the segments do not reach back to `lastSnapshotSequence + 1` (writes
+    /// would be missing), or for damage anywhere but the tail of the last segment.
+    public static func open(directory: String, lastSnapshotSequence: UInt64 = 0, syncMode: SyncMode = .batch) throws -> (WriteAheadLog, Replay) {
+        if mkdir(directory, 0o755) != 0, errno != EEXIST {
+            throw SnapshotError(code: .io, path: directory, reason: "cannot create the log directory: \(String(cString: strerror(errno)))")
         }
+        var segments = try Self.segments(in: directory)
+        if let first = segments.first, first.firstSequence > lastSnapshotSequence + 1 {
+            throw SnapshotError(
+                code: .corrupt,
+                path: first.path,
+                reason: "the oldest log segment starts at sequence \(first.firstSequence), but the snapshot holds writes only up to \(lastSnapshotSequence): writes \(lastSnapshotSequence + 1) to \(first.firstSequence - 1) are missing"
+            )
+        }
+        var replay = Replay(records: [], tornBytes: 0, tornOffset: nil)
+        var lastSequence = lastSnapshotSequence
+        var fd: Int32 = -1
         do {
-            let replay = try Self.replay(fd: fd, path: path)
-            let lastSequence = max(lastSnapshotSequence, replay.records.last?.sequence ?? 0)
-            var size = UInt64(lseek(fd, 0, SEEK_END))
-            if size == 0 {
-                var header = Self.magic
-                header.appendLittleEndian(Self.version)
-                header.appendLittleEndian(UInt32(0))
-                try Self.write(fd: fd, path: path, header, at: 0)
-                guard fsync(fd) == 0 else {
-                    throw SnapshotError(code: .io, path: path, reason: "cannot fsync the log")
+            for (index, segment) in segments.enumerated() {
+                let isLast = index == segments.count - 1
+                let segmentFD = Glibc.open(segment.path, O_RDWR | O_CLOEXEC)
+                guard segmentFD >= 0 else {
+                    throw SnapshotError(code: .io, path: segment.path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
                 }
-                size = UInt64(Self.headerSize)
+                let part: Replay
+                do {
+                    part = try Self.replay(fd: segmentFD, path: segment.path, after: replay.records.last?.sequence ?? 0)
+                } catch {
+                    Glibc.close(segmentFD)
+                    throw error
+                }
+                if let torn = part.tornOffset, !isLast {
+                    Glibc.close(segmentFD)
+                    throw SnapshotError(
+                        code: .corrupt,
+                        path: segment.path,
+                        offset: torn,
+                        reason: "a damaged batch at the end of a segment that is not the last; acknowledged writes follow it in later segments, so start-up stops"
+                    )
+                }
+                replay.records += part.records
+                replay.batches += part.batches
+                replay.segments.append(segment.path)
+                if part.tornOffset != nil {
+                    replay.tornOffset = part.tornOffset
+                    replay.tornBytes = part.tornBytes
+                    replay.tornPath = segment.path
+                }
+                if isLast {
+                    fd = segmentFD
+                } else {
+                    Glibc.close(segmentFD)
+                }
             }
-            let log = WriteAheadLog(path: path, fd: fd, nextSequence: lastSequence + 1, offset: size)
+            lastSequence = max(lastSequence, replay.records.last?.sequence ?? 0)
+            if fd < 0 {
+                let segment = try Self.createSegment(in: directory, firstSequence: lastSequence + 1)
+                segments.append(segment)
+                fd = Glibc.open(segment.path, O_RDWR | O_CLOEXEC)
+                guard fd >= 0 else {
+                    throw SnapshotError(code: .io, path: segment.path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
+                }
+            }
+            let size = UInt64(lseek(fd, 0, SEEK_END))
+            let diskBytes = segments.reduce(0) { $0 + Self.fileSize($1.path) }
+            let log = WriteAheadLog(
+                directory: directory,
+                syncMode: syncMode,
+                state: State(nextSequence: lastSequence + 1, segments: segments, fd: fd, offset: size, diskBytes: diskBytes)
+            )
             log.startWriter()
             return (log, replay)
         } catch {
-            Glibc.close(fd)
+            if fd >= 0 {
+                Glibc.close(fd)
+            }
             throw error
         }
     }
 
-    private init(path: String, fd: Int32, nextSequence: UInt64, offset: UInt64) {
-        self.path = path
-        self.fd = fd
-        self.state = Mutex(State(nextSequence: nextSequence, offset: offset))
+    /// Replays one segment file on its own (for tools and fuzzing): its records, and any
+    /// torn tail (which is cut off).
+    public static func replaySegment(path: String) throws -> Replay {
+        let fd = Glibc.open(path, O_RDWR | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw SnapshotError(code: .io, path: path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
+        }
+        defer { Glibc.close(fd) }
+        return try Self.replay(fd: fd, path: path, after: 0)
+    }
+
+    private init(directory: String, syncMode: SyncMode, state: State) {
+        self.directory = directory
+        self.syncMode = syncMode
+        self.state = Mutex(state)
     }
 
     deinit {
-        Glibc.close(self.fd)
+        self.state.withLock { state in
+            if state.fd >= 0 {
+                Glibc.close(state.fd)
+            }
+        }
+    }
+
+    /// The sequence number the next append gets.
+    public var nextSequence: UInt64 { self.state.withLock { $0.nextSequence } }
+
+    /// The log's size on disk: every segment's bytes.
+    public var diskBytes: UInt64 { self.state.withLock { $0.diskBytes } }
+
+    private static func fileSize(_ path: String) -> UInt64 {
+        var info = stat()
+        return stat(path, &info) == 0 ? UInt64(info.st_size) : 0
+    }
+
+    /// The segment paths, oldest first.
+    public var segmentPaths: [String] { self.state.withLock { $0.segments.map(\.path) } }
+
+    /// Queues `mutation` and returns its sequence number; `completion` runs on the writer
+    /// thread once the record is durable (or the log failed), in sequence order.
+    public func enqueue(_ mutation: LogRecord.Mutation, recordedDate: Int64, completion: @escaping Completion) throws(SnapshotError) -> UInt64 {
+        let sequence = try self.state.withLock { state throws(SnapshotError) -> UInt64 in
+            if let failure = state.failure {
+                throw SnapshotError(code: .io, path: self.directory, reason: "the log failed earlier (\(failure)); restart the server to replay it")
+            }
+            guard !state.closed else {
+                throw SnapshotError(code: .io, path: self.directory, reason: "the log is closed")
+            }
+            let sequence = state.nextSequence
+            let record = LogRecord(sequence: sequence, recordedDate: recordedDate, mutation: mutation)
+            guard let bytes = try? record.serializedBytes() else {
+                throw SnapshotError(code: .invalidInput, path: self.directory, reason: "the write cannot be encoded")
+            }
+            state.nextSequence += 1
+            state.queue.append(.record(bytes: bytes, sequence: sequence, completion: completion))
+            return sequence
+        }
+        self.wakeUp.signal()
+        return sequence
     }
 
     /// Appends `mutation` and returns its sequence number once it is durable (fsynced).
-    /// The record's `sequence` and `recordedDate` are filled in here.
     public func append(_ mutation: LogRecord.Mutation, recordedDate: Int64) async throws -> UInt64 {
         try await withCheckedThrowingContinuation { continuation in
-            let error: (any Error)? = self.state.withLock { state in
+            do {
+                _ = try self.enqueue(mutation, recordedDate: recordedDate) { result in
+                    continuation.resume(with: result)
+                }
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+    }
+
+    /// Starts a new segment after every append queued so far; returns the sequence the new
+    /// segment starts at (every earlier sequence is in older segments) once it exists.
+    public func rotate() async throws -> UInt64 {
+        let (first, path): (UInt64, String) = try await withCheckedThrowingContinuation { continuation in
+            let result = self.state.withLock { state -> Result<UInt64, any Error> in
                 if let failure = state.failure {
-                    return SnapshotError(code: .io, path: self.path, reason: "the log failed earlier: \(failure)")
+                    return .failure(SnapshotError(code: .io, path: self.directory, reason: "the log failed earlier: \(failure)"))
                 }
                 guard !state.closed else {
-                    return SnapshotError(code: .io, path: self.path, reason: "the log is closed")
+                    return .failure(SnapshotError(code: .io, path: self.directory, reason: "the log is closed"))
                 }
-                let sequence = state.nextSequence
-                let record = LogRecord(sequence: sequence, recordedDate: recordedDate, mutation: mutation)
-                guard let bytes = try? record.serializedBytes() else {
-                    return SnapshotError(code: .invalidInput, path: self.path, reason: "the write cannot be encoded")
-                }
-                state.nextSequence += 1
-                state.queue.append(Pending(bytes: bytes, continuation: continuation, sequence: sequence))
-                return nil
+                let first = state.nextSequence
+                state.queue.append(.rotate(firstSequence: first) { result in
+                    continuation.resume(with: result.map { (first, $0) })
+                })
+                return .success(first)
             }
-            if let error {
+            if case .failure(let error) = result {
                 continuation.resume(throwing: error)
             } else {
                 self.wakeUp.signal()
             }
         }
+        _ = path
+        return first
+    }
+
+    /// Removes the segments whose records all have sequences up to `sequence` (a snapshot
+    /// holds them). The segment being written is never removed. Returns the removed paths.
+    @discardableResult
+    public func removeSegments(coveredBy sequence: UInt64) throws -> [String] {
+        let doomed = self.state.withLock { state -> [Segment] in
+            var doomed: [Segment] = []
+            // Segment i holds sequences [first_i, first_{i+1} - 1].
+            while state.segments.count > 1, state.segments[1].firstSequence - 1 <= sequence {
+                doomed.append(state.segments.removeFirst())
+            }
+            return doomed
+        }
+        var freed: UInt64 = 0
+        for segment in doomed {
+            freed += Self.fileSize(segment.path)
+            FileDescriptor.remove(segment.path)
+        }
+        self.state.withLock { $0.diskBytes -= min($0.diskBytes, freed) }
+        if !doomed.isEmpty {
+            try FileDescriptor.syncDirectory(of: doomed[0].path)
+        }
+        return doomed.map(\.path)
     }
 
     /// Stops the writer after the queued appends are durable.
@@ -132,67 +307,170 @@ public final class WriteAheadLog: Sendable {
         self.wakeUp.signal()
     }
 
+    /// Stops the writer and waits until the queued appends are durable and the writer has
+    /// stopped.
+    public func closeAndWait() {
+        self.close()
+        self.stopped.wait()
+        self.stopped.signal()  // later waiters return at once
+    }
+
     // MARK: The writer thread
 
     private func startWriter() {
         // One long-lived loop on its own queue: it sleeps on the semaphore between batches.
-        DispatchQueue(label: "entitlements.wal.writer").async { self.runWriter() }
+        DispatchQueue(label: "entitlements.wal.writer").async {
+            self.runWriter()
+            self.stopped.signal()
+        }
     }
 
     private func runWriter() {
         while true {
             self.wakeUp.wait()
-            let (batch, offset, closed) = self.state.withLock { state -> ([Pending], UInt64, Bool) in
-                let batch = state.queue
+            let (items, closed) = self.state.withLock { state -> ([Item], Bool) in
+                let items = state.queue
                 state.queue.removeAll(keepingCapacity: true)
-                return (batch, state.offset, state.closed)
+                return (items, state.closed)
             }
-            if !batch.isEmpty {
-                var payload: [UInt8] = []
-                for pending in batch {
-                    payload.appendLittleEndian(UInt32(pending.bytes.count))
-                    payload.append(contentsOf: pending.bytes)
-                }
-                var bytes: [UInt8] = []
-                bytes.reserveCapacity(payload.count + 8)
-                bytes.appendLittleEndian(UInt32(payload.count))
-                bytes.appendLittleEndian(payload.withUnsafeBytes { CRC32C.checksum($0) })
-                bytes.append(contentsOf: payload)
-                do {
-                    try Self.write(fd: self.fd, path: self.path, bytes, at: offset)
-                    guard fdatasync(self.fd) == 0 else {
-                        throw SnapshotError(code: .io, path: self.path, reason: "fsync failed: \(String(cString: strerror(errno)))")
+            var run: [(bytes: [UInt8], sequence: UInt64, completion: Completion)] = []
+            for item in items {
+                switch item {
+                case .record(let bytes, let sequence, let completion):
+                    run.append((bytes, sequence, completion))
+                    if self.syncMode == .always {
+                        self.writeBatch(run)
+                        run.removeAll()
                     }
-                    self.state.withLock { $0.offset = offset + UInt64(bytes.count) }
-                    for pending in batch {
-                        pending.continuation.resume(returning: pending.sequence)
-                    }
-                } catch {
-                    // After a failed write or fsync nothing more is acknowledged: the state
-                    // of the file is unknown until the next replay.
-                    let failed: [Pending] = self.state.withLock { state in
-                        state.failure = "\(error)"
-                        let rest = state.queue
-                        state.queue.removeAll()
-                        return rest
-                    }
-                    for pending in batch + failed {
-                        pending.continuation.resume(throwing: error)
-                    }
+                case .rotate(let firstSequence, let completion):
+                    self.writeBatch(run)
+                    run.removeAll()
+                    completion(self.startSegment(firstSequence: firstSequence))
                 }
             }
+            self.writeBatch(run)
             if closed {
-                let rest = self.state.withLock { state -> [Pending] in
-                    let rest = state.queue
-                    state.queue.removeAll()
-                    return rest
-                }
-                if rest.isEmpty {
+                let empty = self.state.withLock { $0.queue.isEmpty }
+                if empty {
                     return
                 }
                 self.wakeUp.signal()
             }
         }
+    }
+
+    /// Writes `run` as one batch, fsyncs, and completes each append in order.
+    private func writeBatch(_ run: [(bytes: [UInt8], sequence: UInt64, completion: Completion)]) {
+        guard !run.isEmpty else {
+            return
+        }
+        let (fd, offset, path, failure) = self.state.withLock { ($0.fd, $0.offset, $0.segments.last?.path ?? self.directory, $0.failure) }
+        if let failure {
+            let error = SnapshotError(code: .io, path: path, reason: "the log failed earlier: \(failure)")
+            run.forEach { $0.completion(.failure(error)) }
+            return
+        }
+        var payloadLength = 0
+        for entry in run {
+            payloadLength += 4 + entry.bytes.count
+        }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(payloadLength + 8)
+        bytes.appendLittleEndian(UInt32(payloadLength))
+        bytes.appendLittleEndian(UInt32(0))  // the checksum, below
+        for entry in run {
+            bytes.appendLittleEndian(UInt32(entry.bytes.count))
+            bytes.append(contentsOf: entry.bytes)
+        }
+        let checksum = bytes.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[8...])) }
+        bytes.withUnsafeMutableBytes { $0.storeBytes(of: checksum.littleEndian, toByteOffset: 4, as: UInt32.self) }
+        do {
+            try Self.write(fd: fd, path: path, bytes, at: offset)
+            guard fdatasync(fd) == 0 else {
+                throw SnapshotError(code: .io, path: path, reason: "fsync failed: \(String(cString: strerror(errno)))")
+            }
+            self.state.withLock {
+                $0.offset = offset + UInt64(bytes.count)
+                $0.diskBytes += UInt64(bytes.count)
+            }
+            for entry in run {
+                entry.completion(.success(entry.sequence))
+            }
+        } catch {
+            // After a failed write or fsync nothing more is acknowledged: the state of the
+            // file is unknown until the next replay.
+            self.state.withLock { $0.failure = "\(error)" }
+            for entry in run {
+                entry.completion(.failure(error))
+            }
+        }
+    }
+
+    /// Creates the next segment and makes it the one written to.
+    private func startSegment(firstSequence: UInt64) -> Result<String, any Error> {
+        do {
+            let segment = try Self.createSegment(in: self.directory, firstSequence: firstSequence)
+            let fd = Glibc.open(segment.path, O_RDWR | O_CLOEXEC)
+            guard fd >= 0 else {
+                throw SnapshotError(code: .io, path: segment.path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
+            }
+            self.state.withLock { state in
+                Glibc.close(state.fd)
+                state.fd = fd
+                state.offset = UInt64(Self.headerSize)
+                state.segments.append(segment)
+                state.diskBytes += UInt64(Self.headerSize)
+            }
+            return .success(segment.path)
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// Creates a segment with its header, crash-safely: a temporary file, fsynced, renamed
+    /// into place, and the directory fsynced; a segment file with its final name always
+    /// has a complete header.
+    private static func createSegment(in directory: String, firstSequence: UInt64) throws -> Segment {
+        let digits = String(firstSequence)
+        let path = "\(directory)/\(Self.segmentPrefix)\(String(repeating: "0", count: max(0, 20 - digits.count)))\(digits)\(Self.segmentSuffix)"
+        let temporary = path + ".tmp"
+        let file = try FileDescriptor.create(temporary)
+        var header = Self.magic
+        header.appendLittleEndian(Self.version)
+        header.appendLittleEndian(UInt32(0))
+        try header.withUnsafeBytes { try file.write($0, at: 0) }
+        try file.sync()
+        try FileDescriptor.move(temporary, to: path)
+        try FileDescriptor.syncDirectory(of: path)
+        return Segment(firstSequence: firstSequence, path: path)
+    }
+
+    /// The segments in `directory`, oldest first; stale temporary files are removed.
+    private static func segments(in directory: String) throws -> [Segment] {
+        guard let handle = opendir(directory) else {
+            throw SnapshotError(code: .io, path: directory, reason: "cannot list the log directory: \(String(cString: strerror(errno)))")
+        }
+        defer { closedir(handle) }
+        var segments: [Segment] = []
+        while let entry = readdir(handle) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            guard name.hasPrefix(Self.segmentPrefix) else {
+                continue
+            }
+            if name.hasSuffix(Self.segmentSuffix + ".tmp") {
+                FileDescriptor.remove("\(directory)/\(name)")  // a crash while creating it
+                continue
+            }
+            guard name.hasSuffix(Self.segmentSuffix),
+                let first = UInt64(name.dropFirst(Self.segmentPrefix.count).dropLast(Self.segmentSuffix.count))
+            else {
+                continue
+            }
+            segments.append(Segment(firstSequence: first, path: "\(directory)/\(name)"))
+        }
+        return segments.sorted { $0.firstSequence < $1.firstSequence }
     }
 
     private static func write(fd: Int32, path: String, _ bytes: [UInt8], at offset: UInt64) throws {
@@ -212,11 +490,11 @@ public final class WriteAheadLog: Sendable {
     // MARK: Replay
 
     /// Reads every batch; cuts off a torn last batch; throws for damage before the tail.
-    static func replay(fd: Int32, path: String) throws -> Replay {
+    static func replay(fd: Int32, path: String, after previousSequence: UInt64) throws -> Replay {
         let size = UInt64(lseek(fd, 0, SEEK_END))
         var replay = Replay(records: [], tornBytes: 0, tornOffset: nil, batches: 0)
         guard size > 0 else {
-            return replay
+            throw SnapshotError(code: .notASnapshot, path: path, offset: 0, reason: "an empty log segment (no header)")
         }
         func read(_ count: Int, at offset: UInt64) -> [UInt8]? {
             var bytes = [UInt8](repeating: 0, count: count)
@@ -231,7 +509,7 @@ public final class WriteAheadLog: Sendable {
             throw SnapshotError(code: .unsupportedVersion, path: path, offset: 8, reason: "log format version \(version); this build reads version \(Self.version)")
         }
         var offset = UInt64(Self.headerSize)
-        var lastSequence: UInt64 = 0
+        var lastSequence = previousSequence
         while offset < size {
             let batchStart = offset
             // A batch that does not fit, or fails its checksum, is torn if nothing follows.

@@ -7,6 +7,11 @@ struct EntitlementsCommand: AsyncParsableCommand {
         commandName: "entitlements",
         abstract: "An entitlement check service: what may user X use right now?",
         version: "0.1.0",
-        subcommands: [ServeCommand.self, CheckCommand.self, SnapshotCommand.self, ResolveCommand.self, DemoCommand.self]
+        subcommands: [
+            ServeCommand.self, CheckCommand.self, WatchCommand.self,
+            RecordTransactionCommand.self, UpdateSubscriptionCommand.self, GrantCommand.self, RevokeGrantCommand.self,
+            LinkAliasCommand.self, DeleteCustomerCommand.self, CompactCommand.self,
+            SnapshotCommand.self, ResolveCommand.self, DemoCommand.self,
+        ]
     )
 }

@@ -18,8 +18,17 @@ struct ServeCommand: AsyncParsableCommand {
         discussion: "SIGINT or SIGTERM drains: GOAWAY to every connection, accepted requests are answered, then exit 0."
     )
 
-    @Option(help: "The snapshot to serve (see `entitlements snapshot`).")
-    var snapshot: String
+    @Option(help: "The snapshot to serve (see `entitlements snapshot`). With --data-dir: the seed copied into a new data directory.")
+    var snapshot: String?
+
+    @Option(help: "The data directory: snapshot, write-ahead log, lock (docs/durability.md). Without it the server is read-only.")
+    var dataDir: String?
+
+    @Option(help: "When the log fsyncs: batch (group commit, default) or always (one fsync per write). Both are safe.")
+    var fsync: String = "batch"
+
+    @Option(help: "Compact when the log reaches this size, e.g. 64MiB; 0 compacts only when asked.")
+    var compactAfter: String = "64MiB"
 
     @Option(help: "TCP address to listen on, HOST:PORT; port 0 picks a free port.")
     var listen: String = "127.0.0.1:7420"
@@ -40,12 +49,19 @@ struct ServeCommand: AsyncParsableCommand {
     var maxFrameBytes: Int = 1 << 20
 
     func validate() throws {
+        if self.snapshot == nil, self.dataDir == nil {
+            throw ValidationError("give --snapshot FILE (read-only) or --data-dir DIR (with writes), or both to seed a new data directory")
+        }
+        guard WriteAheadLog.SyncMode(rawValue: self.fsync) != nil else {
+            throw ValidationError("--fsync must be batch or always, got \"\(self.fsync)\"")
+        }
+        _ = try Self.parseBytes(self.compactAfter, flag: "--compact-after")
         if !self.noTcp {
             _ = try Self.parseAddress(self.listen)
         } else if self.unix == nil {
             throw ValidationError("--no-tcp needs --unix PATH, or the server would listen nowhere")
         }
-        _ = try Self.parseBytes(self.cacheBytes)
+        _ = try Self.parseBytes(self.cacheBytes, flag: "--cache-bytes")
         if let resolvers = self.resolvers, !(1...1_024).contains(resolvers) {
             throw ValidationError("--resolvers must be 1 to 1024, got \(resolvers)")
         }
@@ -55,30 +71,56 @@ struct ServeCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let reader: SnapshotReader
+        let store: CustomerStore
         do {
-            reader = try SnapshotReader(path: self.snapshot)
+            if let dataDir = self.dataDir {
+                let threshold = UInt64(try Self.parseBytes(self.compactAfter, flag: "--compact-after"))
+                let options = CustomerStore.Options(
+                    syncMode: WriteAheadLog.SyncMode(rawValue: self.fsync) ?? .batch,
+                    compactAfterLogBytes: threshold == 0 ? nil : threshold
+                )
+                let started = ContinuousClock.now
+                let (opened, report) = try CustomerStore.open(dataDirectory: dataDir, seed: self.snapshot, options: options)
+                store = opened
+                if report.seeded {
+                    Self.say("data directory \(dataDir) seeded from \(self.snapshot ?? "-")")
+                } else if self.snapshot != nil {
+                    Self.say("data directory \(dataDir) has a snapshot already; --snapshot is ignored")
+                }
+                for path in report.removedTemporaryFiles {
+                    Self.say("removed \(path), left by a compaction that did not finish")
+                }
+                if let torn = report.tornPath {
+                    Self.say("log: dropped a torn last batch in \(torn) at offset \(report.tornOffset ?? 0) (\(report.tornBytes) bytes, never acknowledged)")
+                }
+                Self.say("log replayed: \(report.replayedRecords) writes applied (\(report.skippedRecords) already in the snapshot) in \(started.duration(to: .now))")
+            } else {
+                store = .readOnly(try SnapshotReader(path: self.snapshot!))
+            }
         } catch {
             Self.say("error: cannot serve: \(error)")
             throw ExitCode(2)
         }
+        let reader = store.snapshot
         let configuration = ServerConfiguration(
             tcp: self.noTcp ? nil : try Self.parseAddress(self.listen),
             unixSocketPath: self.unix,
             resolvers: self.resolvers,
-            cacheBytes: try Self.parseBytes(self.cacheBytes),
+            cacheBytes: try Self.parseBytes(self.cacheBytes, flag: "--cache-bytes"),
             maximumPayloadSize: self.maxFrameBytes
         )
         let server: EntitlementsServer
         do {
-            server = try await EntitlementsServer.start(snapshot: reader, configuration: configuration, group: .singleton)
+            server = try await EntitlementsServer.start(store: store, configuration: configuration, group: .singleton) { message in
+                Self.say(message)
+            }
         } catch {
             let places = [self.noTcp ? nil : self.listen, self.unix.map { "unix:\($0)" }].compactMap { $0 }.joined(separator: " and ")
             Self.say("error: cannot listen on \(places): \(error)")
             throw ExitCode(2)
         }
         let warm = server.pool.warmup
-        Self.say("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers")
+        Self.say("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers, \(store.isWritable ? "writes on (fsync \(self.fsync))" : "read-only")")
         Self.say("cache warmed: \(warm.customersCached) customers, \(warm.bytes) bytes of \(configuration.cacheBytes)")
         if let address = server.tcpAddress {
             Self.say("listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
@@ -138,14 +180,14 @@ struct ServeCommand: AsyncParsableCommand {
         return (host, port)
     }
 
-    static func parseBytes(_ text: String) throws -> Int {
+    static func parseBytes(_ text: String, flag: String) throws -> Int {
         let units: [(String, Int)] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1), ("", 1)]
         for (suffix, multiplier) in units where text.hasSuffix(suffix) {
             if let value = Int(text.dropLast(suffix.count)), value >= 0, value <= Int.max / multiplier {
                 return value * multiplier
             }
         }
-        throw ValidationError("--cache-bytes \"\(text)\" is not a size such as 64MiB, 1GiB or 1048576")
+        throw ValidationError("\(flag) \"\(text)\" is not a size such as 64MiB, 1GiB or 1048576")
     }
 }
 

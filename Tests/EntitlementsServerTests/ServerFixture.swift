@@ -26,7 +26,14 @@ final class ServerFixture: Sendable {
     var port: Int { self.server.tcpAddress!.port! }
     var socketPath: String { self.directory + "/server.sock" }
 
-    init(customers: Int = 300, holdableResolvers: Bool = false, configuration: ServerConfiguration = ServerConfiguration(tcp: ("127.0.0.1", 0))) async throws {
+    /// With `writable`, the server runs on a data directory seeded from the snapshot, and
+    /// takes writes.
+    init(
+        customers: Int = 300,
+        holdableResolvers: Bool = false,
+        writable: Bool = false,
+        configuration: ServerConfiguration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+    ) async throws {
         self.directory = FileManager.default.temporaryDirectory.appendingPathComponent("server-tests-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: self.directory, withIntermediateDirectories: true)
         _ = try SnapshotTools.generate(count: customers, seed: 5, now: now, outputPath: self.directory + "/data.snap")
@@ -38,8 +45,11 @@ final class ServerFixture: Sendable {
         if holdableResolvers {
             configuration.resolvers = 1
         }
+        let store = writable
+            ? try CustomerStore.open(dataDirectory: self.directory + "/data", seed: self.directory + "/data.snap").0
+            : CustomerStore.readOnly(self.snapshot)
         self.server = try await EntitlementsServer.start(
-            snapshot: self.snapshot,
+            store: store,
             configuration: configuration,
             group: self.group,
             resolverLoops: self.resolverGroup.map { [$0.next()] },
@@ -76,8 +86,13 @@ final class RawConnection {
     private var buffer = ByteBuffer()
     private var decoder = FrameDecoder()
 
-    init(port: Int) throws {
+    /// `receiveBufferBytes` shrinks the socket's receive buffer (before connecting, so the
+    /// window stays small): a client that does not read then fills up fast.
+    init(port: Int, receiveBufferBytes: Int32? = nil) throws {
         self.socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        if var size = receiveBufferBytes {
+            setsockopt(self.socket, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)

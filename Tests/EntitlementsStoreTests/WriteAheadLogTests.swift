@@ -13,16 +13,17 @@ struct WriteAheadLogTests {
     @Test("appends are durable, numbered in order, and replay after reopening")
     func appendAndReplay() async throws {
         let scratch = try ScratchDirectory()
-        let path = scratch.file("log")
-        let (log, first) = try WriteAheadLog.open(path: path)
+        let directory = scratch.file("log")
+        let path = directory + "/log-00000000000000000001.wal"
+        let (log, first) = try WriteAheadLog.open(directory: directory)
         #expect(first.records.isEmpty && first.tornBytes == 0)
         var sequences: [UInt64] = []
         for index in 0..<10 {
             sequences.append(try await log.append(Self.grant(index), recordedDate: now + Int64(index)))
         }
         #expect(sequences == Array(1...10))
-        log.close()
-        let (reopened, replay) = try WriteAheadLog.open(path: path)
+        log.closeAndWait()
+        let (reopened, replay) = try WriteAheadLog.open(directory: directory)
         #expect(replay.records.map(\.sequence) == Array(1...10))
         #expect(replay.records[3].mutation == Self.grant(3))
         #expect(replay.records[3].recordedDate == now + 3)
@@ -34,8 +35,9 @@ struct WriteAheadLogTests {
     @Test("concurrent appends share fsyncs (group commit), and every one is acknowledged once")
     func groupCommit() async throws {
         let scratch = try ScratchDirectory()
-        let path = scratch.file("log")
-        let (log, _) = try WriteAheadLog.open(path: path)
+        let directory = scratch.file("log")
+        let path = directory + "/log-00000000000000000001.wal"
+        let (log, _) = try WriteAheadLog.open(directory: directory)
         let sequences = try await withThrowingTaskGroup(of: UInt64.self) { group in
             for index in 0..<500 {
                 group.addTask { try await log.append(Self.grant(index), recordedDate: now) }
@@ -47,8 +49,8 @@ struct WriteAheadLogTests {
             return all
         }
         #expect(sequences.sorted() == Array(1...500))
-        log.close()
-        let (_, replay) = try WriteAheadLog.open(path: path)
+        log.closeAndWait()
+        let (_, replay) = try WriteAheadLog.open(directory: directory)
         #expect(replay.records.count == 500)
         #expect(replay.batches < 500, "500 concurrent appends took \(replay.batches) fsyncs")
     }
@@ -56,21 +58,22 @@ struct WriteAheadLogTests {
     @Test("a torn last batch is dropped and cut off; every complete batch survives", arguments: [1, 5, 9, 30])
     func tornTail(cut: Int) async throws {
         let scratch = try ScratchDirectory()
-        let path = scratch.file("log")
-        let (log, _) = try WriteAheadLog.open(path: path)
+        let directory = scratch.file("log")
+        let path = directory + "/log-00000000000000000001.wal"
+        let (log, _) = try WriteAheadLog.open(directory: directory)
         for index in 0..<3 {
             _ = try await log.append(Self.grant(index), recordedDate: now)
         }
-        log.close()
+        log.closeAndWait()
         let intact = try Data(contentsOf: URL(fileURLWithPath: path))
         // Simulate a crash in the middle of appending a fourth batch.
-        let (again, _) = try WriteAheadLog.open(path: path)
+        let (again, _) = try WriteAheadLog.open(directory: directory)
         _ = try await again.append(Self.grant(3), recordedDate: now)
-        again.close()
+        again.closeAndWait()
         let full = try Data(contentsOf: URL(fileURLWithPath: path))
         let torn = full.prefix(intact.count + cut)
         try torn.write(to: URL(fileURLWithPath: path))
-        let (reopened, replay) = try WriteAheadLog.open(path: path)
+        let (reopened, replay) = try WriteAheadLog.open(directory: directory)
         #expect(replay.records.map(\.sequence) == [1, 2, 3])
         #expect(replay.tornOffset == UInt64(intact.count))
         #expect(replay.tornBytes == UInt64(cut))
@@ -82,17 +85,18 @@ struct WriteAheadLogTests {
     @Test("damage before the end stops start-up, naming file and offset")
     func corruptionBeforeTail() async throws {
         let scratch = try ScratchDirectory()
-        let path = scratch.file("log")
-        let (log, _) = try WriteAheadLog.open(path: path)
+        let directory = scratch.file("log")
+        let path = directory + "/log-00000000000000000001.wal"
+        let (log, _) = try WriteAheadLog.open(directory: directory)
         for index in 0..<3 {
             _ = try await log.append(Self.grant(index), recordedDate: now)
         }
-        log.close()
+        log.closeAndWait()
         var bytes = try Data(contentsOf: URL(fileURLWithPath: path))
         bytes[WriteAheadLog.headerSize + 10] ^= 0x01  // inside the first batch's payload
         try bytes.write(to: URL(fileURLWithPath: path))
         #expect {
-            try WriteAheadLog.open(path: path)
+            try WriteAheadLog.open(directory: directory)
         } throws: { error in
             let error = error as! SnapshotError
             return error.code == .corrupt && error.offset == UInt64(WriteAheadLog.headerSize)
@@ -103,12 +107,71 @@ struct WriteAheadLogTests {
     @Test("a file that is not a log is refused")
     func notALog() throws {
         let scratch = try ScratchDirectory()
-        let path = scratch.file("log")
+        let directory = scratch.file("log")
+        let path = directory + "/log-00000000000000000001.wal"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         try Data("hello, this is not a log file".utf8).write(to: URL(fileURLWithPath: path))
         #expect {
-            try WriteAheadLog.open(path: path)
+            try WriteAheadLog.open(directory: directory)
         } throws: { error in
             "\(error)" == "\(path): offset 0: not a write-ahead log (no ENTWAL magic)"
         }
+    }
+
+    @Test("rotation starts a new segment; removing covered segments keeps every later write")
+    func rotationAndRemoval() async throws {
+        let scratch = try ScratchDirectory()
+        let directory = scratch.file("log")
+        let (log, _) = try WriteAheadLog.open(directory: directory)
+        for index in 0..<3 {
+            _ = try await log.append(Self.grant(index), recordedDate: now)
+        }
+        #expect(try await log.rotate() == 4)
+        for index in 3..<5 {
+            _ = try await log.append(Self.grant(index), recordedDate: now)
+        }
+        #expect(log.segmentPaths.count == 2)
+        // A snapshot holding up to 2 covers nothing whole; up to 3 covers the first segment.
+        #expect(try log.removeSegments(coveredBy: 2).isEmpty)
+        #expect(try log.removeSegments(coveredBy: 3).count == 1)
+        log.closeAndWait()
+        let (reopened, replay) = try WriteAheadLog.open(directory: directory, lastSnapshotSequence: 3)
+        #expect(replay.records.map(\.sequence) == [4, 5])
+        #expect(try await reopened.append(Self.grant(5), recordedDate: now) == 6)
+        reopened.closeAndWait()
+    }
+
+    @Test("segments that do not reach back to the snapshot are missing writes: start-up stops")
+    func missingSegment() async throws {
+        let scratch = try ScratchDirectory()
+        let directory = scratch.file("log")
+        let (log, _) = try WriteAheadLog.open(directory: directory)
+        _ = try await log.append(Self.grant(0), recordedDate: now)
+        _ = try await log.rotate()
+        _ = try await log.append(Self.grant(1), recordedDate: now)
+        log.closeAndWait()
+        try FileManager.default.removeItem(atPath: directory + "/log-00000000000000000001.wal")
+        #expect {
+            try WriteAheadLog.open(directory: directory, lastSnapshotSequence: 0)
+        } throws: { error in
+            "\(error)".contains("writes 1 to 1 are missing")
+        }
+    }
+
+    @Test("fsync always: one batch per write, and every write durable")
+    func syncAlways() async throws {
+        let scratch = try ScratchDirectory()
+        let directory = scratch.file("log")
+        let (log, _) = try WriteAheadLog.open(directory: directory, syncMode: .always)
+        try await withThrowingTaskGroup(of: UInt64.self) { group in
+            for index in 0..<50 {
+                group.addTask { try await log.append(Self.grant(index), recordedDate: now) }
+            }
+            try await group.waitForAll()
+        }
+        log.closeAndWait()
+        let (_, replay) = try WriteAheadLog.open(directory: directory)
+        #expect(replay.records.count == 50)
+        #expect(replay.batches == 50)
     }
 }

@@ -1,0 +1,324 @@
+import EntitlementsMessages
+import EntitlementsResolver
+import EntitlementsStore
+import EntitlementsWire
+import NIOCore
+import Synchronization
+
+/// The open WatchEntitlements streams and who watches which customer.
+///
+/// Writes reach it from the log's writer thread (``publish(_:)``); each interested watch
+/// gets the new record on its own connection's event loop, where it resolves, compares with
+/// what it last sent, and sends an event if the answer changed. Producers never wait for a
+/// watcher: a watcher that cannot keep up overflows its bounded buffer and is ended with
+/// RESOURCE_EXHAUSTED (see ``Watch``).
+final class WatchHub: Sendable {
+    private struct State {
+        var watches: [Int: Watch] = [:]
+        var byCustomer: [String: Set<Int>] = [:]
+        var everyCustomer: Set<Int> = []
+        var nextID = 0
+    }
+
+    private let state = Mutex(State())
+    let maximumWatches: Int
+
+    init(maximumWatches: Int) {
+        self.maximumWatches = maximumWatches
+    }
+
+    var count: Int { self.state.withLock { $0.watches.count } }
+
+    /// Registers `watch`; false when the server already has its maximum.
+    func add(_ watch: Watch) -> Bool {
+        self.state.withLock { state in
+            guard state.watches.count < self.maximumWatches else {
+                return false
+            }
+            state.nextID += 1
+            watch.hubID = state.nextID
+            state.watches[state.nextID] = watch
+            if watch.everyCustomer {
+                state.everyCustomer.insert(state.nextID)
+            }
+            for id in watch.customerIds {
+                state.byCustomer[id, default: []].insert(state.nextID)
+            }
+            return true
+        }
+    }
+
+    func remove(_ watch: Watch) {
+        self.state.withLock { state in
+            let id = watch.hubID
+            guard state.watches.removeValue(forKey: id) != nil else {
+                return
+            }
+            state.everyCustomer.remove(id)
+            for customerId in watch.customerIds {
+                state.byCustomer[customerId]?.remove(id)
+                if state.byCustomer[customerId]?.isEmpty == true {
+                    state.byCustomer[customerId] = nil
+                }
+            }
+        }
+    }
+
+    /// Tells the watches of the customers `write` changed (any thread; does not block).
+    func publish(_ write: CustomerStore.CommittedWrite) {
+        let deliveries = self.state.withLock { state -> [(Watch, String)] in
+            guard !state.watches.isEmpty else {
+                return []
+            }
+            var deliveries: [(Watch, String)] = []
+            for customerId in write.effect.records.keys {
+                var ids = state.everyCustomer
+                if let watching = state.byCustomer[customerId] {
+                    ids.formUnion(watching)
+                }
+                for id in ids {
+                    if let watch = state.watches[id] {
+                        deliveries.append((watch, customerId))
+                    }
+                }
+            }
+            return deliveries
+        }
+        for (watch, customerId) in deliveries {
+            let before = write.before[customerId] ?? nil
+            let after = write.effect.records[customerId] ?? nil
+            watch.eventLoop.execute {
+                watch.written(customerId: customerId, before: before, after: after, sequence: write.sequence)
+            }
+        }
+    }
+}
+
+/// One WatchEntitlements stream. Created on and confined to its connection's event loop,
+/// except for the immutable fields the hub reads.
+final class Watch: @unchecked Sendable {
+    // @unchecked: `hubID` is written once, under the hub's lock, before the watch is
+    // shared; every other mutable field is only touched on `eventLoop`.
+
+    /// What the watch last sent (or found at subscription) for one customer.
+    private struct Known {
+        var encoded: [UInt8]
+        var states: [String: EntitlementState]
+        var validUntil: Int64?
+    }
+
+    let eventLoop: any EventLoop
+    let requestID: UInt64
+    let everyCustomer: Bool
+    let customerIds: [String]
+    fileprivate(set) var hubID = 0
+
+    private let environment: Environment
+    private let entitlementIds: [String]
+    private let resolver: EntitlementResolver
+    private let store: CustomerStore
+    private let bufferLimit: Int
+    /// Sends a frame on the connection; returns whether the channel is still writable.
+    private let send: (ByteBuffer) -> Bool
+    /// Called once when the stream ends (overflow, cancel, close).
+    private let ended: (Watch) -> Void
+
+    private var known: [String: Known] = [:]
+    /// Events held while the socket is full (bounded by `bufferLimit`).
+    private var buffered: [ByteBuffer] = []
+    private var socketFull = false
+    private var timer: Scheduled<Void>?
+    private var timerDeadline: Int64?
+    private var finished = false
+
+    /// The most customers an every-customer watch tracks for time changes.
+    static let trackedLimit = 100_000
+
+    init(
+        eventLoop: any EventLoop,
+        requestID: UInt64,
+        request: WatchEntitlementsRequest,
+        customerIds: [String],
+        resolver: EntitlementResolver,
+        store: CustomerStore,
+        bufferLimit: Int,
+        send: @escaping (ByteBuffer) -> Bool,
+        ended: @escaping (Watch) -> Void
+    ) {
+        self.eventLoop = eventLoop
+        self.requestID = requestID
+        self.everyCustomer = request.allCustomers == true
+        self.customerIds = customerIds
+        self.environment = request.environment
+        self.entitlementIds = request.entitlementIds
+        self.resolver = resolver
+        self.store = store
+        self.bufferLimit = bufferLimit
+        self.send = send
+        self.ended = ended
+    }
+
+    /// Resolves the watched customers now, so that later changes are told against it, and
+    /// arms the timer for the first time change.
+    func start(now: Int64) throws {
+        for customerId in self.customerIds {
+            let record = try self.store.customer(for: customerId)
+            self.known[customerId] = self.resolve(record, at: now).known
+        }
+        self.armTimer(now: now)
+    }
+
+    // MARK: Changes
+
+    /// A write changed `customerId`'s record (on `eventLoop`).
+    func written(customerId: String, before: CustomerRecord?, after: CustomerRecord?, sequence: UInt64) {
+        guard !self.finished else {
+            return
+        }
+        let now = WallClock.unixMilliseconds()
+        let old = self.known[customerId] ?? self.resolve(before, at: now).known
+        let (new, response) = self.resolve(after, at: now)
+        self.update(customerId: customerId, old: old, new: new, response: response, cause: .write, sequence: sequence)
+        self.armTimer(now: now)
+    }
+
+    /// The earliest validUntil passed: re-resolve the customers whose answers expired.
+    private func timeChanged() {
+        guard !self.finished else {
+            return
+        }
+        let now = WallClock.unixMilliseconds()
+        let due = self.known.filter { $0.value.validUntil.map { $0 <= now } ?? false }
+        for (customerId, old) in due.sorted(by: { $0.key < $1.key }) {
+            let record: CustomerRecord?
+            do {
+                record = try self.store.customer(for: customerId)
+            } catch {
+                self.finish(.internalError, "cannot read customer \(customerId): \(error)")
+                return
+            }
+            let (new, response) = self.resolve(record, at: now)
+            self.update(customerId: customerId, old: old, new: new, response: response, cause: .time, sequence: nil)
+            if self.finished {
+                return
+            }
+        }
+        self.armTimer(now: now)
+    }
+
+    private func update(customerId: String, old: Known, new: Known, response: CheckEntitlementsResponse, cause: ChangeCause, sequence: UInt64?) {
+        if self.everyCustomer, self.known[customerId] == nil, self.known.count >= Self.trackedLimit {
+            // Bounded: an untracked customer still gets write events, not time events.
+        } else {
+            self.known[customerId] = new
+        }
+        guard new.encoded != old.encoded else {
+            return
+        }
+        var changes: [EntitlementChange] = []
+        for id in Set(old.states.keys).union(new.states.keys).sorted() where old.states[id] != new.states[id] {
+            changes.append(EntitlementChange(entitlementId: id, before: old.states[id], after: new.states[id]))
+        }
+        let event = EntitlementsChangedEvent(customerId: customerId, cause: cause, changes: changes, current: response, logSequence: sequence ?? 0)
+        var buffer = ByteBuffer()
+        buffer.writeRepeatingByte(0, count: Frame.headerSize)  // room for the header, below
+        buffer.moveReaderIndex(forwardBy: Frame.headerSize)
+        do {
+            try event.serialize(into: &buffer)
+        } catch {
+            self.finish(.internalError, "cannot encode the event for \(customerId): \(error)")
+            return
+        }
+        let length = UInt32(buffer.readableBytes)
+        buffer.moveReaderIndex(to: 0)
+        let end = buffer.writerIndex
+        buffer.moveWriterIndex(to: 0)
+        buffer.writeFrameHeader(type: .streamMessage, requestID: self.requestID, payloadLength: length)
+        buffer.moveWriterIndex(to: end)
+        self.deliver(buffer)
+    }
+
+    private func resolve(_ record: CustomerRecord?, at now: Int64) -> (known: Known, response: CheckEntitlementsResponse) {
+        let resolution = self.resolver.resolve(record, at: now, environment: self.environment, entitlementIds: self.entitlementIds)
+        var states: [String: EntitlementState] = [:]
+        for entitlement in resolution.entitlements {
+            if let id = entitlement.id {
+                states[id] = EntitlementState(isActive: entitlement.isActive ?? false, renewState: entitlement.renewState)
+            }
+        }
+        let encoded = (try? CheckEntitlementsResponse(entitlements: resolution.entitlements).serializedBytes()) ?? []
+        let response = resolution.response(userId: record?.id ?? "", customerId: record?.id, requestDate: now)
+        return (Known(encoded: encoded, states: states, validUntil: resolution.validUntil), response)
+    }
+
+    /// One timer, at the earliest validUntil of the watched answers.
+    private func armTimer(now: Int64) {
+        let earliest = self.known.values.compactMap(\.validUntil).min()
+        guard earliest != self.timerDeadline else {
+            return
+        }
+        self.timer?.cancel()
+        self.timer = nil
+        self.timerDeadline = earliest
+        guard let earliest else {
+            return
+        }
+        let delay = TimeAmount.milliseconds(max(0, earliest - now))
+        self.timer = self.eventLoop.assumeIsolated().scheduleTask(in: delay) {
+            self.timerDeadline = nil
+            self.timeChanged()
+        }
+    }
+
+    // MARK: Delivery
+
+    /// Sends `frame`, or holds it while the socket is full; too many held ends the stream.
+    private func deliver(_ frame: ByteBuffer) {
+        guard self.socketFull else {
+            self.socketFull = !self.send(frame)
+            return
+        }
+        self.buffered.append(frame)
+        if self.buffered.count > self.bufferLimit {
+            self.buffered.removeAll()
+            self.socketFull = false  // the END_OF_STREAM goes out behind what was sent
+            self.finish(
+                .resourceExhausted,
+                "the watcher fell more than \(self.bufferLimit) events behind; read faster and resubscribe"
+            )
+        }
+    }
+
+    /// The connection can take writes again: send what was held, while it can.
+    func channelBecameWritable() {
+        self.socketFull = false
+        while !self.buffered.isEmpty, !self.socketFull {
+            self.socketFull = !self.send(self.buffered.removeFirst())
+        }
+    }
+
+    /// Ends the stream with END_OF_STREAM carrying `status` (once).
+    func finish(_ status: StatusCode, _ message: String) {
+        guard !self.finished else {
+            return
+        }
+        self.finished = true
+        self.timer?.cancel()
+        self.timer = nil
+        var buffer = ByteBuffer()
+        buffer.writeFrame(Frame(type: .endOfStream, status: status, requestID: self.requestID, payload: ByteBuffer(string: status == .ok ? "" : message)))
+        _ = self.send(buffer)
+        self.ended(self)
+    }
+
+    /// The connection closed: stop without sending anything.
+    func abandon() {
+        guard !self.finished else {
+            return
+        }
+        self.finished = true
+        self.timer?.cancel()
+        self.timer = nil
+        self.ended(self)
+    }
+}

@@ -1,0 +1,307 @@
+public import EntitlementsMessages
+public import EntitlementsResolver
+
+/// Why a write was refused; each maps to one status code (docs/PROTOCOL.md) and its
+/// message names the field or the conflicting state.
+public struct WriteRefusal: Error, Hashable, CustomStringConvertible {
+    public enum Reason: Sendable, Hashable {
+        /// A field is missing or malformed: INVALID_ARGUMENT.
+        case invalidArgument
+        /// The write refers to something that does not exist: NOT_FOUND.
+        case notFound
+        /// The write conflicts with what is stored: FAILED_PRECONDITION.
+        case failedPrecondition
+        /// The store cannot take writes (no data directory, or the log failed): UNAVAILABLE.
+        case unavailable
+    }
+
+    public var reason: Reason
+    public var message: String
+
+    public init(_ reason: Reason, _ message: String) {
+        self.reason = reason
+        self.message = message
+    }
+
+    public var description: String { self.message }
+}
+
+/// What one write does: the customer records it replaces and the alias keys it moves,
+/// computed against the current state and applied only once the write is durable.
+public struct WriteEffect: Sendable, Hashable {
+    /// The canonical id of the customer written.
+    public var customerId: String
+    /// Whether the write created the customer.
+    public var created = false
+    /// The customers whose records change: id -> new record, nil when deleted.
+    public var records: [String: CustomerRecord?] = [:]
+    /// The alias keys that move: alias -> new owner, nil when the alias is removed.
+    public var aliases: [String: String?] = [:]
+    /// The mutation as it goes into the log: user id canonical, defaults filled in, so that
+    /// replaying it gives the same effect.
+    public var logged: LogRecord.Mutation
+
+    /// Whether anything changes (a repeated write changes nothing and is not logged).
+    public var changed: Bool { !self.records.isEmpty || !self.aliases.isEmpty }
+}
+
+/// The write rules (docs/durability.md, "Write rules"): validates a mutation and computes
+/// its effect. Pure: the current state comes in through `lookup`, which finds the customer
+/// a user id (customer id or alias) names.
+public struct CustomerMutation {
+    /// The longest id accepted (user ids, aliases, transaction, product, grant and
+    /// entitlement ids), in UTF-8 bytes.
+    public static let maximumIdBytes = 256
+
+    public let catalog: ProductCatalog
+    /// Finds the current record of the customer a user id names, or nil.
+    public let lookup: (String) throws -> CustomerRecord?
+
+    public init(catalog: ProductCatalog, lookup: @escaping (String) throws -> CustomerRecord?) {
+        self.catalog = catalog
+        self.lookup = lookup
+    }
+
+    /// The effect of `mutation`, received at `now` (Unix milliseconds; the default for
+    /// dates a request leaves out).
+    public func effect(of mutation: LogRecord.Mutation, now: Int64) throws -> WriteEffect {
+        switch mutation {
+        case .recordTransaction(let request):
+            return try self.recordTransaction(request)
+        case .updateSubscriptionState(let request):
+            return try self.updateSubscriptionState(request)
+        case .grantEntitlement(let request):
+            return try self.grantEntitlement(request, now: now)
+        case .revokeGrant(let request):
+            return try self.revokeGrant(request, now: now)
+        case .linkAlias(let request):
+            return try self.linkAlias(request)
+        case .deleteCustomer(let request):
+            return try self.deleteCustomer(request)
+        }
+    }
+
+    // MARK: The mutations
+
+    private func recordTransaction(_ request: RecordTransactionRequest) throws -> WriteEffect {
+        let userId = try Self.id(request.userId, "user_id")
+        guard var transaction = request.transaction else {
+            throw WriteRefusal(.invalidArgument, "transaction: required")
+        }
+        let transactionId = try Self.id(transaction.transactionId, "transaction.transaction_id")
+        if transaction.originalTransactionId == nil {
+            transaction.originalTransactionId = transactionId  // the first of its chain
+        }
+        _ = try Self.id(transaction.originalTransactionId, "transaction.original_transaction_id")
+        guard transaction.store != .unknown else {
+            throw WriteRefusal(.invalidArgument, "transaction.store: required (APPSTORE, PLAYSTORE, STRIPE or MANUAL)")
+        }
+        let productId = try Self.id(transaction.productId, "transaction.product_id")
+        guard self.catalog.contains(productId) else {
+            throw WriteRefusal(
+                .invalidArgument,
+                "transaction.product_id: \"\(productId)\" is not in the catalog (\(self.catalog.count) products); add it to the catalog first"
+            )
+        }
+        guard let purchased = transaction.transactionDate else {
+            throw WriteRefusal(.invalidArgument, "transaction.transaction_date: required")
+        }
+        if let expiration = transaction.expirationDate, expiration < purchased {
+            throw WriteRefusal(.invalidArgument, "transaction.expiration_date: \(expiration) is before transaction_date \(purchased)")
+        }
+        if transaction.environment == .unspecified {
+            transaction.environment = .production
+        }
+
+        var (record, created) = try self.recordOrNew(userId)
+        let customerId = record.id!
+        var logged = request
+        logged.userId = customerId
+        logged.transaction = transaction
+        var effect = WriteEffect(customerId: customerId, created: created, logged: .recordTransaction(logged))
+        if let index = record.transactions.firstIndex(where: { $0.store == transaction.store && $0.transactionId == transactionId }) {
+            let known = record.transactions[index]
+            if known == transaction {
+                return effect  // the same transaction again: nothing to do
+            }
+            var withRevocation = known
+            withRevocation.revocationDate = transaction.revocationDate
+            guard withRevocation == transaction else {
+                throw WriteRefusal(
+                    .failedPrecondition,
+                    "transaction \(transaction.store) \(transactionId) is already recorded with other values (\(Self.differences(known, transaction))); only its revocation_date may change"
+                )
+            }
+            // A refund (revocation date set) or its reversal (cleared).
+            record.transactions[index] = transaction
+        } else {
+            record.transactions.append(transaction)
+        }
+        effect.records[customerId] = record
+        return effect
+    }
+
+    private func updateSubscriptionState(_ request: UpdateSubscriptionStateRequest) throws -> WriteEffect {
+        let userId = try Self.id(request.userId, "user_id")
+        guard let state = request.state else {
+            throw WriteRefusal(.invalidArgument, "state: required")
+        }
+        guard state.store != .unknown else {
+            throw WriteRefusal(.invalidArgument, "state.store: required (APPSTORE, PLAYSTORE, STRIPE or MANUAL)")
+        }
+        let chain = try Self.id(state.originalTransactionId, "state.original_transaction_id")
+        var (record, created) = try self.recordOrNew(userId)
+        let customerId = record.id!
+        var logged = request
+        logged.userId = customerId
+        var effect = WriteEffect(customerId: customerId, created: created, logged: .updateSubscriptionState(logged))
+        if let index = record.subscriptions.firstIndex(where: { $0.store == state.store && $0.originalTransactionId == chain }) {
+            if record.subscriptions[index] == state {
+                return effect
+            }
+            record.subscriptions[index] = state
+        } else {
+            record.subscriptions.append(state)
+        }
+        effect.records[customerId] = record
+        return effect
+    }
+
+    private func grantEntitlement(_ request: GrantEntitlementRequest, now: Int64) throws -> WriteEffect {
+        let userId = try Self.id(request.userId, "user_id")
+        guard var grant = request.grant else {
+            throw WriteRefusal(.invalidArgument, "grant: required")
+        }
+        let grantId = try Self.id(grant.grantId, "grant.grant_id")
+        _ = try Self.id(grant.entitlementId, "grant.entitlement_id")
+        let granted = grant.grantedDate ?? now
+        grant.grantedDate = granted
+        if let expiration = grant.expirationDate, expiration <= granted {
+            throw WriteRefusal(.invalidArgument, "grant.expiration_date: \(expiration) is not after granted_date \(granted)")
+        }
+        var (record, created) = try self.recordOrNew(userId)
+        let customerId = record.id!
+        var logged = request
+        logged.userId = customerId
+        logged.grant = grant
+        var effect = WriteEffect(customerId: customerId, created: created, logged: .grantEntitlement(logged))
+        if let index = record.grants.firstIndex(where: { $0.grantId == grantId }) {
+            if record.grants[index] == grant {
+                return effect
+            }
+            // A grant id names one grant: granting it again replaces it (e.g. an extension).
+            record.grants[index] = grant
+        } else {
+            record.grants.append(grant)
+        }
+        effect.records[customerId] = record
+        return effect
+    }
+
+    private func revokeGrant(_ request: RevokeGrantRequest, now: Int64) throws -> WriteEffect {
+        let userId = try Self.id(request.userId, "user_id")
+        let grantId = try Self.id(request.grantId, "grant_id")
+        guard var record = try self.lookup(userId), let customerId = record.id else {
+            throw WriteRefusal(.notFound, "user_id: no customer \"\(userId)\"")
+        }
+        guard let index = record.grants.firstIndex(where: { $0.grantId == grantId }) else {
+            throw WriteRefusal(.notFound, "grant_id: customer \"\(customerId)\" has no grant \"\(grantId)\"")
+        }
+        let revoked = request.revokedDate ?? now
+        var logged = request
+        logged.userId = customerId
+        logged.revokedDate = revoked
+        var effect = WriteEffect(customerId: customerId, logged: .revokeGrant(logged))
+        if record.grants[index].revokedDate == revoked {
+            return effect
+        }
+        record.grants[index].revokedDate = revoked
+        effect.records[customerId] = record
+        return effect
+    }
+
+    private func linkAlias(_ request: LinkAliasRequest) throws -> WriteEffect {
+        let userId = try Self.id(request.userId, "user_id")
+        let alias = try Self.id(request.alias, "alias")
+        var (record, created) = try self.recordOrNew(userId)
+        let customerId = record.id!
+        var logged = request
+        logged.userId = customerId
+        var effect = WriteEffect(customerId: customerId, created: created, logged: .linkAlias(logged))
+        guard alias != customerId else {
+            throw WriteRefusal(.invalidArgument, "alias: \"\(alias)\" is the customer's own id")
+        }
+        if let owner = try self.lookup(alias), let ownerId = owner.id {
+            if ownerId == customerId {
+                return effect  // already this customer's alias
+            }
+            guard ownerId != alias else {
+                throw WriteRefusal(.failedPrecondition, "alias: \"\(alias)\" is a customer id, not an alias; customers are not merged")
+            }
+            guard request.transfer == true else {
+                throw WriteRefusal(
+                    .failedPrecondition,
+                    "alias: \"\(alias)\" belongs to customer \"\(ownerId)\"; set transfer to move it"
+                )
+            }
+            var previous = owner
+            previous.aliases.removeAll { $0 == alias }
+            effect.records[ownerId] = previous
+        }
+        record.aliases.append(alias)
+        effect.records[customerId] = record
+        effect.aliases[alias] = customerId
+        return effect
+    }
+
+    private func deleteCustomer(_ request: DeleteCustomerRequest) throws -> WriteEffect {
+        let userId = try Self.id(request.userId, "user_id")
+        guard let record = try self.lookup(userId), let customerId = record.id else {
+            // Deleting what is not there is done already: a retried delete succeeds.
+            return WriteEffect(customerId: userId, logged: .deleteCustomer(request))
+        }
+        var logged = request
+        logged.userId = customerId
+        var effect = WriteEffect(customerId: customerId, logged: .deleteCustomer(logged))
+        effect.records[customerId] = .some(nil)
+        for alias in record.aliases {
+            effect.aliases[alias] = .some(nil)
+        }
+        return effect
+    }
+
+    // MARK: Helpers
+
+    /// The customer `userId` names, or a new, empty one with that id.
+    private func recordOrNew(_ userId: String) throws -> (CustomerRecord, created: Bool) {
+        if let record = try self.lookup(userId), record.id != nil {
+            return (record, false)
+        }
+        return (CustomerRecord(id: userId), true)
+    }
+
+    /// A required id: present, 1 to 256 bytes.
+    static func id(_ value: String?, _ field: String) throws -> String {
+        guard let value, !value.isEmpty else {
+            throw WriteRefusal(.invalidArgument, "\(field): required")
+        }
+        guard value.utf8.count <= Self.maximumIdBytes else {
+            throw WriteRefusal(.invalidArgument, "\(field): must be at most \(Self.maximumIdBytes) bytes, got \(value.utf8.count)")
+        }
+        return value
+    }
+
+    /// The fields in which two versions of a transaction differ, for an error message.
+    private static func differences(_ a: Transaction, _ b: Transaction) -> String {
+        var fields: [String] = []
+        if a.originalTransactionId != b.originalTransactionId { fields.append("original_transaction_id") }
+        if a.productId != b.productId { fields.append("product_id") }
+        if a.offerCode != b.offerCode { fields.append("offer_code") }
+        if a.transactionDate != b.transactionDate { fields.append("transaction_date") }
+        if a.expirationDate != b.expirationDate { fields.append("expiration_date") }
+        if a.environment != b.environment { fields.append("environment") }
+        if a.ownershipType != b.ownershipType { fields.append("ownership_type") }
+        if a.type != b.type { fields.append("type") }
+        return fields.joined(separator: ", ")
+    }
+}

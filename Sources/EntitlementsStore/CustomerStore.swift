@@ -1,0 +1,607 @@
+import Dispatch
+public import EntitlementsMessages
+public import EntitlementsResolver
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The customers as they are now: the snapshot, with the writes since it applied on top
+/// (an in-memory overlay), and the write-ahead log that makes those writes durable.
+///
+/// - **Reads** (``customer(for:)``) see only acknowledged writes: a write's effect reaches
+///   the readers' overlay after its log record is fsynced.
+/// - **Writes** are computed under one lock against the newest state (including writes
+///   not yet durable), queued to the log in that order, and applied for readers in log
+///   order by the log's writer thread.
+/// - **Compaction** writes a new snapshot (old snapshot + overlay) beside the serving one,
+///   renames it into place, then removes the log segments it covers. Checks and writes go
+///   on meanwhile. See docs/durability.md for the crash analysis.
+///
+/// Without a data directory (``readOnly(_:)``) the store serves the snapshot and refuses
+/// writes.
+public final class CustomerStore: Sendable {
+    /// How the store runs.
+    public struct Options: Sendable {
+        /// When the log fsyncs (both modes are safe).
+        public var syncMode: WriteAheadLog.SyncMode
+        /// Compact when the log holds this many bytes; nil: only when asked.
+        public var compactAfterLogBytes: UInt64?
+
+        public init(syncMode: WriteAheadLog.SyncMode = .batch, compactAfterLogBytes: UInt64? = 64 << 20) {
+            self.syncMode = syncMode
+            self.compactAfterLogBytes = compactAfterLogBytes
+        }
+    }
+
+    /// What opening a data directory found.
+    public struct OpenReport: Sendable {
+        /// Whether the snapshot was copied in from the seed (a new data directory).
+        public var seeded = false
+        /// Log records applied on top of the snapshot.
+        public var replayedRecords = 0
+        /// Log records the snapshot already held (skipped).
+        public var skippedRecords = 0
+        /// A torn last batch that was dropped: segment, offset, bytes.
+        public var tornPath: String?
+        public var tornOffset: UInt64?
+        public var tornBytes: UInt64 = 0
+        /// Stale temporary files removed (a crash during compaction).
+        public var removedTemporaryFiles: [String] = []
+    }
+
+    /// A write that is now durable and visible to readers.
+    public struct CommittedWrite: Sendable {
+        public var sequence: UInt64
+        public var effect: WriteEffect
+        /// The records the write replaced, as readers saw them just before: id -> record
+        /// (nil if the customer did not exist).
+        public var before: [String: CustomerRecord?]
+    }
+
+    /// The answer to a write.
+    public struct WriteOutcome: Sendable {
+        public var customerId: String
+        /// The write's log sequence; nil when it changed nothing (nothing was logged).
+        public var sequence: UInt64?
+        public var created: Bool
+        /// What readers now see; nil when the write changed nothing.
+        public var committed: CommittedWrite?
+        public var changed: Bool { self.committed != nil }
+    }
+
+    /// What a compaction did.
+    public struct CompactionReport: Sendable {
+        public var snapshotId: String
+        public var lastLogSequence: UInt64
+        public var customers: UInt64
+        public var removedSegments: [String]
+    }
+
+    /// The file names inside a data directory (docs/durability.md).
+    public static let snapshotFileName = "snapshot.snap"
+    public static let logDirectoryName = "log"
+    public static let lockFileName = "LOCK"
+
+    public let catalog: ProductCatalog
+    public let options: Options
+    /// The data directory; nil for a read-only store.
+    public let dataDirectory: String?
+    private let log: WriteAheadLog?
+    private let lockFD: Int32
+    private let state: Mutex<State>
+
+    private struct State {
+        var snapshot: SnapshotReader
+        /// What readers see: acknowledged writes only.
+        var committed = Overlay()
+        var committedSequence: UInt64
+        /// What writers compute against: every queued write.
+        var latest = Overlay()
+        /// Unchanged writes waiting for earlier writes they depend on to be durable.
+        var barriers: [(sequence: UInt64, resume: @Sendable (_ durable: Bool) -> Void)] = []
+        var compacting = false
+        var compactions = 0
+    }
+
+    private init(snapshot: SnapshotReader, dataDirectory: String?, log: WriteAheadLog?, lockFD: Int32, options: Options) {
+        self.catalog = ProductCatalog(snapshot.catalog)
+        self.options = options
+        self.dataDirectory = dataDirectory
+        self.log = log
+        self.lockFD = lockFD
+        self.state = Mutex(State(snapshot: snapshot, committedSequence: snapshot.header.lastLogSequence ?? 0))
+    }
+
+    deinit {
+        if self.lockFD >= 0 {
+            Glibc.close(self.lockFD)
+        }
+    }
+
+    /// A store that serves `snapshot` and refuses writes.
+    public static func readOnly(_ snapshot: SnapshotReader) -> CustomerStore {
+        CustomerStore(snapshot: snapshot, dataDirectory: nil, log: nil, lockFD: -1, options: Options(compactAfterLogBytes: nil))
+    }
+
+    /// Opens the data directory `directory` (created if missing): locks it against a second
+    /// server, removes what a crash mid-compaction left, opens its snapshot (copied in from
+    /// `seed` first if the directory has none), and replays the log on top.
+    public static func open(dataDirectory directory: String, seed: String?, options: Options = Options()) throws -> (CustomerStore, OpenReport) {
+        var report = OpenReport()
+        if mkdir(directory, 0o755) != 0, errno != EEXIST {
+            throw SnapshotError(code: .io, path: directory, reason: "cannot create the data directory: \(String(cString: strerror(errno)))")
+        }
+        let lockPath = "\(directory)/\(Self.lockFileName)"
+        let lockFD = Glibc.open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard lockFD >= 0 else {
+            throw SnapshotError(code: .io, path: lockPath, reason: "cannot open the lock file: \(String(cString: strerror(errno)))")
+        }
+        guard flock(lockFD, LOCK_EX | LOCK_NB) == 0 else {
+            Glibc.close(lockFD)
+            throw SnapshotError(code: .io, path: directory, reason: "another server is using this data directory (it holds \(Self.lockFileName))")
+        }
+        do {
+            report.removedTemporaryFiles = try Self.removeTemporaryFiles(in: directory)
+            let snapshotPath = "\(directory)/\(Self.snapshotFileName)"
+            if access(snapshotPath, F_OK) != 0 {
+                guard let seed else {
+                    throw SnapshotError(
+                        code: .io,
+                        path: snapshotPath,
+                        reason: "the data directory has no snapshot; start once with --snapshot FILE to seed it"
+                    )
+                }
+                try Self.copy(seed, to: snapshotPath)
+                report.seeded = true
+            }
+            let snapshot = try SnapshotReader(path: snapshotPath)
+            let covered = snapshot.header.lastLogSequence ?? 0
+            let (log, replay) = try WriteAheadLog.open(
+                directory: "\(directory)/\(Self.logDirectoryName)",
+                lastSnapshotSequence: covered,
+                syncMode: options.syncMode
+            )
+            report.tornPath = replay.tornPath
+            report.tornOffset = replay.tornOffset
+            report.tornBytes = replay.tornBytes
+            let store = CustomerStore(snapshot: snapshot, dataDirectory: directory, log: log, lockFD: lockFD, options: options)
+            do {
+                for record in replay.records {
+                    guard record.sequence > covered else {
+                        report.skippedRecords += 1
+                        continue
+                    }
+                    try store.replay(record, logDirectory: log.directory)
+                    report.replayedRecords += 1
+                }
+            } catch {
+                log.closeAndWait()
+                throw error
+            }
+            return (store, report)
+        } catch {
+            Glibc.close(lockFD)
+            throw error
+        }
+    }
+
+    /// Applies a replayed log record to both overlays.
+    private func replay(_ record: LogRecord, logDirectory: String) throws {
+        guard let mutation = record.mutation else {
+            throw SnapshotError(code: .corrupt, path: logDirectory, reason: "log record \(record.sequence) has no mutation")
+        }
+        try self.state.withLock { state in
+            let snapshot = state.snapshot
+            let effect: WriteEffect
+            do {
+                effect = try self.effect(of: mutation, now: record.recordedDate ?? 0, latest: state.latest, snapshot: snapshot)
+            } catch {
+                throw SnapshotError(code: .corrupt, path: logDirectory, reason: "log record \(record.sequence) cannot be applied again: \(error)")
+            }
+            state.latest.apply(effect, sequence: record.sequence)
+            state.committed.apply(effect, sequence: record.sequence)
+            state.committedSequence = record.sequence
+        }
+    }
+
+    // MARK: Reading
+
+    /// The snapshot being served (it changes when a compaction finishes).
+    public var snapshot: SnapshotReader { self.state.withLock { $0.snapshot } }
+
+    /// The sequence of the last acknowledged write.
+    public var committedSequence: UInt64 { self.state.withLock { $0.committedSequence } }
+
+    /// Customers written since the snapshot (the overlay's size).
+    public var overlayCount: Int { self.state.withLock { $0.committed.customers.count } }
+
+    /// The log's bytes on disk; 0 without a data directory.
+    public var logBytes: UInt64 { self.log?.diskBytes ?? 0 }
+
+    /// Whether the store takes writes.
+    public var isWritable: Bool { self.log != nil }
+
+    /// The current record of the customer `userId` names (a customer id or an alias), as
+    /// of the last acknowledged write; nil for an unknown user.
+    ///
+    /// The snapshot is read outside the lock; if a compaction swapped the snapshot
+    /// meanwhile, the lookup starts again.
+    public func customer(for userId: String) throws -> CustomerRecord? {
+        while true {
+            let (found, snapshot) = self.state.withLock { state in
+                (state.committed.find(userId), state.snapshot)
+            }
+            let record: CustomerRecord?
+            switch found {
+            case .record(let record):
+                return record
+            case .snapshotId(let id):
+                record = try snapshot.customer(for: id).flatMap { $0.id == id ? $0 : nil }
+            case .notWritten:
+                record = try snapshot.customer(for: userId)
+            }
+            guard let record, let id = record.id else {
+                return nil
+            }
+            // The snapshot's record, unless a write replaced it since.
+            let current: CustomerRecord?? = self.state.withLock { state in
+                guard state.snapshot === snapshot else {
+                    return .none  // compacted meanwhile: look again
+                }
+                if let entry = state.committed.customers[id] {
+                    return .some(entry.record)
+                }
+                return .some(record)
+            }
+            if let current {
+                return current
+            }
+        }
+    }
+
+    // MARK: Writing
+
+    /// Validates and applies `mutation`, received at `now`. `completion` runs once the
+    /// write is durable and visible to readers (on the log's writer thread), or at once
+    /// for a refused write. A write that changes nothing is not logged; it completes once
+    /// every write queued before it is durable (it may depend on one of them).
+    public func write(
+        _ mutation: LogRecord.Mutation,
+        now: Int64,
+        completion: @escaping @Sendable (Result<WriteOutcome, any Error>) -> Void
+    ) {
+        guard let log = self.log else {
+            completion(.failure(WriteRefusal(.unavailable, "this server has no data directory (--data-dir), so it takes no writes")))
+            return
+        }
+        let immediate: Result<WriteOutcome, any Error>? = self.state.withLock { state in
+            let snapshot = state.snapshot
+            let effect: WriteEffect
+            do {
+                effect = try self.effect(of: mutation, now: now, latest: state.latest, snapshot: snapshot)
+            } catch {
+                return .failure(error)
+            }
+            guard effect.changed else {
+                let outcome = WriteOutcome(customerId: effect.customerId, sequence: nil, created: false, committed: nil)
+                let waitFor = log.nextSequence - 1
+                if waitFor <= state.committedSequence {
+                    return .success(outcome)
+                }
+                state.barriers.append((waitFor, { durable in
+                    completion(durable ? .success(outcome) : .failure(WriteRefusal(.unavailable, "an earlier write this one depends on was not stored; the log failed")))
+                }))
+                return nil
+            }
+            let sequence: UInt64
+            do {
+                sequence = try log.enqueue(effect.logged, recordedDate: now) { result in
+                    switch result {
+                    case .success(let sequence):
+                        let committed = self.commit(effect, sequence: sequence)
+                        completion(.success(WriteOutcome(customerId: effect.customerId, sequence: sequence, created: effect.created, committed: committed)))
+                    case .failure(let error):
+                        self.failBarriers()
+                        completion(.failure(WriteRefusal(.unavailable, "the write was not stored: \(error)")))
+                    }
+                }
+            } catch {
+                return .failure(WriteRefusal(.unavailable, "\(error)"))
+            }
+            state.latest.apply(effect, sequence: sequence)
+            return nil
+        }
+        if let immediate {
+            completion(immediate)
+        }
+    }
+
+    /// The effect of `mutation` on the newest state.
+    private func effect(of mutation: LogRecord.Mutation, now: Int64, latest: Overlay, snapshot: SnapshotReader) throws -> WriteEffect {
+        let lookup = { (userId: String) throws -> CustomerRecord? in try latest.customer(for: userId, snapshot: snapshot) }
+        return try withoutActuallyEscaping(lookup) { lookup in
+            try CustomerMutation(catalog: self.catalog, lookup: lookup).effect(of: mutation, now: now)
+        }
+    }
+
+    /// Makes a durable write visible to readers (log writer thread, in sequence order).
+    private func commit(_ effect: WriteEffect, sequence: UInt64) -> CommittedWrite {
+        let (before, released) = self.state.withLock { state -> ([String: CustomerRecord?], [@Sendable (Bool) -> Void]) in
+            var before: [String: CustomerRecord?] = [:]
+            let snapshot = state.snapshot
+            for id in effect.records.keys {
+                before[id] = .some((try? state.committed.customer(for: id, snapshot: snapshot)) ?? nil)
+            }
+            state.committed.apply(effect, sequence: sequence)
+            state.committedSequence = sequence
+            var released: [@Sendable (Bool) -> Void] = []
+            state.barriers.removeAll { barrier in
+                guard barrier.sequence <= sequence else { return false }
+                released.append(barrier.resume)
+                return true
+            }
+            return (before, released)
+        }
+        released.forEach { $0(true) }
+        return CommittedWrite(sequence: sequence, effect: effect, before: before)
+    }
+
+    /// The log failed: nothing queued will become durable, so nothing waiting on it may
+    /// succeed.
+    private func failBarriers() {
+        let released = self.state.withLock { state in
+            let released = state.barriers.map(\.resume)
+            state.barriers.removeAll()
+            return released
+        }
+        released.forEach { $0(false) }
+    }
+
+    /// Whether the log has grown past the compaction threshold (and no compaction runs).
+    public var shouldCompact: Bool {
+        guard let threshold = self.options.compactAfterLogBytes, let log = self.log else {
+            return false
+        }
+        return log.diskBytes >= threshold && !self.state.withLock { $0.compacting }
+    }
+
+    // MARK: Compaction
+
+    /// Writes a new snapshot holding every acknowledged write, swaps it in, and removes the
+    /// log segments it covers. `hotList` becomes the new snapshot's hot list. Checks and
+    /// writes continue meanwhile; only one compaction runs at a time.
+    public func compact(hotList: [String], now: Int64) async throws -> CompactionReport {
+        guard let log = self.log, let directory = self.dataDirectory else {
+            throw WriteRefusal(.unavailable, "this server has no data directory (--data-dir), so there is nothing to compact")
+        }
+        let started = self.state.withLock { state -> Bool in
+            if state.compacting { return false }
+            state.compacting = true
+            return true
+        }
+        guard started else {
+            throw WriteRefusal(.failedPrecondition, "a compaction is already running")
+        }
+        defer { self.state.withLock { $0.compacting = false } }
+
+        // 1. Later writes go to a new segment; wait until every earlier one is visible.
+        let firstOfNewSegment = try await log.rotate()
+        CrashPoint.reach("compact.rotated")
+        guard await self.waitUntilCommitted(firstOfNewSegment - 1) else {
+            throw WriteRefusal(.unavailable, "the log failed; restart the server to replay it")
+        }
+        let (overlay, sequence, old) = self.state.withLock { ($0.committed, $0.committedSequence, $0.snapshot) }
+
+        // 2. Old snapshot + overlay -> a new snapshot, off the cooperative pool.
+        let path = "\(directory)/\(Self.snapshotFileName)"
+        let catalog = old.catalog
+        let written: UInt64 = try await Self.onWorkerThread {
+            var writer = try SnapshotWriter(path: path, catalog: catalog, createdDate: now, lastLogSequence: sequence)
+            var replaced = Set<String>()
+            try old.forEachRecord { record, _ in
+                guard let id = record.id else { return }
+                if let entry = overlay.customers[id] {
+                    replaced.insert(id)
+                    if let current = entry.record {
+                        try writer.append(current)
+                    }
+                } else {
+                    try writer.append(record)
+                }
+            }
+            for (id, entry) in overlay.customers where !replaced.contains(id) {
+                if let record = entry.record {
+                    try writer.append(record)
+                }
+            }
+            let count = writer.recordCount
+            try writer.finish(hotList: hotList) { CrashPoint.reach("compact.before-rename") }
+            return count
+        }
+        CrashPoint.reach("compact.renamed")
+
+        // 3. Serve the new snapshot; drop the overlay entries it holds.
+        let fresh = try SnapshotReader(path: path)
+        self.state.withLock { state in
+            state.snapshot = fresh
+            state.committed.prune(upTo: sequence)
+            state.latest.prune(upTo: sequence)
+            state.compactions += 1
+        }
+
+        // 4. The segments the snapshot covers are no longer needed.
+        let removed = try log.removeSegments(coveredBy: sequence)
+        CrashPoint.reach("compact.segments-removed")
+        return CompactionReport(snapshotId: fresh.header.snapshotId ?? "", lastLogSequence: sequence, customers: written, removedSegments: removed)
+    }
+
+    /// Returns once writes up to `sequence` are visible to readers.
+    /// Returns false if the log failed first.
+    private func waitUntilCommitted(_ sequence: UInt64) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let done = self.state.withLock { state -> Bool in
+                if state.committedSequence >= sequence { return true }
+                state.barriers.append((sequence, { continuation.resume(returning: $0) }))
+                return false
+            }
+            if done {
+                continuation.resume(returning: true)
+            }
+        }
+    }
+
+    /// Runs blocking file work on a thread of its own, not on Swift's cooperative pool.
+    private static func onWorkerThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue(label: "entitlements.compaction").async {
+                continuation.resume(with: Result { try body() })
+            }
+        }
+    }
+
+    /// Waits until every queued write is durable, then stops the log (shutdown).
+    public func close() {
+        self.log?.closeAndWait()
+    }
+
+    // MARK: Files
+
+    private static func removeTemporaryFiles(in directory: String) throws -> [String] {
+        guard let handle = opendir(directory) else {
+            throw SnapshotError(code: .io, path: directory, reason: "cannot list the data directory: \(String(cString: strerror(errno)))")
+        }
+        defer { closedir(handle) }
+        var removed: [String] = []
+        while let entry = readdir(handle) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name.hasPrefix("\(Self.snapshotFileName).tmp") {
+                let path = "\(directory)/\(name)"
+                unlink(path)
+                removed.append(path)
+            }
+        }
+        return removed
+    }
+
+    /// Copies `source` to `destination` crash-safely (temporary file, fsync, rename, fsync
+    /// of the directory).
+    private static func copy(_ source: String, to destination: String) throws {
+        let input = try FileDescriptor.openForReading(source)
+        let size = try input.size()
+        let temporary = "\(destination).tmp-seed"
+        let output = try FileDescriptor.create(temporary)
+        var offset: UInt64 = 0
+        var chunk = [UInt8](repeating: 0, count: 1 << 20)
+        while offset < size {
+            let count = Int(min(UInt64(chunk.count), size - offset))
+            try chunk.withUnsafeMutableBytes { try input.read(into: $0, count: count, at: offset) }
+            try chunk.withUnsafeBytes { try output.write(UnsafeRawBufferPointer(rebasing: $0[0..<count]), at: offset) }
+            offset += UInt64(count)
+        }
+        try output.sync()
+        try FileDescriptor.move(temporary, to: destination)
+        try FileDescriptor.syncDirectory(of: destination)
+    }
+}
+
+/// The writes since the snapshot: customer records and alias keys that differ from it,
+/// each with the log sequence of the write that set it.
+struct Overlay: Sendable {
+    struct CustomerEntry: Sendable {
+        /// nil: deleted.
+        var record: CustomerRecord?
+        var sequence: UInt64
+    }
+
+    struct AliasEntry: Sendable {
+        /// nil: the alias names nobody now.
+        var owner: String?
+        var sequence: UInt64
+    }
+
+    enum Found {
+        /// The overlay decides: this record, or nil (deleted, or an alias removed).
+        case record(CustomerRecord?)
+        /// An alias that moved to a customer the overlay does not hold: read it by id.
+        case snapshotId(String)
+        /// The overlay knows nothing of the id: read the snapshot.
+        case notWritten
+    }
+
+    var customers: [String: CustomerEntry] = [:]
+    var aliases: [String: AliasEntry] = [:]
+
+    func find(_ userId: String) -> Found {
+        if let entry = self.customers[userId] {
+            return .record(entry.record)
+        }
+        if let alias = self.aliases[userId] {
+            guard let owner = alias.owner else {
+                return .record(nil)
+            }
+            if let entry = self.customers[owner] {
+                return .record(entry.record)
+            }
+            return .snapshotId(owner)
+        }
+        return .notWritten
+    }
+
+    /// The record `userId` names, reading the snapshot where the overlay does not decide.
+    func customer(for userId: String, snapshot: SnapshotReader) throws -> CustomerRecord? {
+        switch self.find(userId) {
+        case .record(let record):
+            return record
+        case .snapshotId(let id):
+            return try snapshot.customer(for: id).flatMap { $0.id == id ? $0 : nil }
+        case .notWritten:
+            guard let record = try snapshot.customer(for: userId), let id = record.id else {
+                return nil
+            }
+            if let entry = self.customers[id] {
+                return entry.record
+            }
+            return record
+        }
+    }
+
+    mutating func apply(_ effect: WriteEffect, sequence: UInt64) {
+        for (id, record) in effect.records {
+            self.customers[id] = CustomerEntry(record: record, sequence: sequence)
+        }
+        for (alias, owner) in effect.aliases {
+            self.aliases[alias] = AliasEntry(owner: owner, sequence: sequence)
+        }
+    }
+
+    /// Drops the entries a snapshot holding writes up to `sequence` has.
+    mutating func prune(upTo sequence: UInt64) {
+        self.customers = self.customers.filter { $0.value.sequence > sequence }
+        self.aliases = self.aliases.filter { $0.value.sequence > sequence }
+    }
+}
+
+/// Fault injection for the crash tests: when the environment variable
+/// `ENTITLEMENTS_CRASH_POINT` names a point, the process kills itself (SIGKILL) on reaching
+/// it. Unset in production; reaching a point costs one comparison.
+public enum CrashPoint {
+    private static let armed: String? = {
+        guard let value = getenv("ENTITLEMENTS_CRASH_POINT") else { return nil }
+        return String(cString: value)
+    }()
+
+    /// The points, in the order compaction reaches them.
+    public static let compactionPoints = ["compact.rotated", "compact.before-rename", "compact.renamed", "compact.segments-removed"]
+
+    public static func reach(_ point: String) {
+        if Self.armed == point {
+            kill(getpid(), SIGKILL)
+        }
+    }
+}

@@ -1,0 +1,237 @@
+import ArgumentParser
+import EntitlementsClient
+import EntitlementsFormats
+import EntitlementsMessages
+import EntitlementsWire
+
+/// The write commands: one per write method (docs/PROTOCOL.md), each printing the
+/// server's WriteResponse, or its error and exit status 1.
+protocol WriteCommand: AsyncParsableCommand {
+    var connection: ServerOptions { get }
+    var json: Bool { get }
+    associatedtype Request: ProtobufMessage
+    var method: MethodID { get }
+    func request() throws -> Request
+}
+
+extension WriteCommand {
+    func run() async throws {
+        let client = try self.connection.makeClient()
+        do {
+            let response: WriteResponse = try await client.call(self.method, self.request(), timeout: self.connection.timeout)
+            await client.close()
+            print(Self.render(response, json: self.json))
+        } catch {
+            await client.close()
+            print("error: \(error)")
+            throw ExitCode(1)
+        }
+    }
+
+    static func render(_ response: WriteResponse, json: Bool) -> String {
+        if json {
+            return EntitlementsOutput.json(response)
+        }
+        let what = response.created ? "created" : response.changed ? "changed" : "unchanged (it was so already)"
+        return "customer \(response.customerId ?? "?"): \(what)" + (response.logSequence > 0 ? ", log sequence \(response.logSequence)" : "")
+    }
+}
+
+/// A date option: RFC 3339, validated.
+private func date(_ text: String?, _ flag: String) throws -> Int64? {
+    guard let text else {
+        return nil
+    }
+    guard let value = RFC3339.parse(text) else {
+        throw ValidationError("\(flag) \"\(text)\" is not an RFC 3339 date-time, e.g. 2026-01-31T12:00:00Z")
+    }
+    return value
+}
+
+/// An enum option by its JSON name.
+private func named<E: JSONNamedEnum>(_ text: String, _ flag: String, as type: E.Type) throws -> E {
+    guard let value = E(jsonName: text) else {
+        let names = E.allCases.compactMap(\.jsonName).joined(separator: ", ")
+        throw ValidationError("\(flag) must be one of \(names), got \"\(text)\"")
+    }
+    return value
+}
+
+struct RecordTransactionCommand: WriteCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "record-transaction",
+        abstract: "Record a purchase or renewal (idempotent by store and transaction id; a new --revoked is a refund)."
+    )
+    @OptionGroup var connection: ServerOptions
+    @Option(help: "The customer id or alias (a new id creates the customer).") var user: String
+    @Option(help: "appstore, playstore, stripe or manual.") var store: String
+    @Option(help: "The store's transaction id.") var transactionId: String
+    @Option(help: "The chain's first transaction id; default: --transaction-id.") var originalTransactionId: String?
+    @Option(help: "The product (must be in the catalog).") var product: String
+    @Option(help: "When it was bought, RFC 3339.") var purchased: String
+    @Option(help: "When it expires, RFC 3339 (subscriptions).") var expires: String?
+    @Option(help: "When the store refunded or revoked it, RFC 3339.") var revoked: String?
+    @Option(help: "production or sandbox.") var environment: String = "production"
+    @Option(help: "subscriptionStarted, subscriptionRenewed, trialStarted, introStarted, introRenewed or nonConsumablePurchase.") var type: String?
+    @Option(help: "The offer code redeemed.") var offerCode: String?
+    @Flag(help: "Print JSON.") var json = false
+    var method: MethodID { .recordTransaction }
+
+    func validate() throws { _ = try self.request() }
+
+    func request() throws -> RecordTransactionRequest {
+        RecordTransactionRequest(
+            userId: self.user,
+            transaction: Transaction(
+                originalTransactionId: self.originalTransactionId,
+                transactionId: self.transactionId,
+                store: try named(self.store, "--store", as: Source.self),
+                productId: self.product,
+                offerCode: self.offerCode,
+                transactionDate: try date(self.purchased, "--purchased"),
+                expirationDate: try date(self.expires, "--expires"),
+                revocationDate: try date(self.revoked, "--revoked"),
+                environment: try named(self.environment, "--environment", as: Environment.self),
+                type: try self.type.map { try named($0, "--type", as: TransactionType.self) } ?? .unspecified
+            )
+        )
+    }
+}
+
+struct UpdateSubscriptionCommand: WriteCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "update-subscription",
+        abstract: "Set a subscription chain's renewal state (auto-renew, billing issue, grace period)."
+    )
+    @OptionGroup var connection: ServerOptions
+    @Option(help: "The customer id or alias.") var user: String
+    @Option(help: "appstore, playstore, stripe or manual.") var store: String
+    @Option(help: "The chain's first transaction id.") var originalTransactionId: String
+    @Option(help: "Whether the subscription renews: true or false.") var autoRenew: Bool?
+    @Option(help: "When auto-renew was turned off, RFC 3339.") var autoRenewDisabled: String?
+    @Option(help: "When the store found a billing issue, RFC 3339.") var billingIssue: String?
+    @Option(help: "When the grace period ends, RFC 3339.") var gracePeriodExpires: String?
+    @Flag(help: "The store is retrying the payment.") var billingRetry = false
+    @Flag(help: "Print JSON.") var json = false
+    var method: MethodID { .updateSubscriptionState }
+
+    func validate() throws { _ = try self.request() }
+
+    func request() throws -> UpdateSubscriptionStateRequest {
+        UpdateSubscriptionStateRequest(
+            userId: self.user,
+            state: SubscriptionState(
+                store: try named(self.store, "--store", as: Source.self),
+                originalTransactionId: self.originalTransactionId,
+                autoRenewEnabled: self.autoRenew ?? false,
+                autoRenewDisabledDate: try date(self.autoRenewDisabled, "--auto-renew-disabled"),
+                billingIssueDetectedDate: try date(self.billingIssue, "--billing-issue"),
+                gracePeriodExpirationDate: try date(self.gracePeriodExpires, "--grace-period-expires"),
+                isInBillingRetry: self.billingRetry
+            )
+        )
+    }
+}
+
+struct GrantCommand: WriteCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "grant",
+        abstract: "Grant an entitlement by hand (a grant id names one grant; granting it again replaces it)."
+    )
+    @OptionGroup var connection: ServerOptions
+    @Option(help: "The customer id or alias (a new id creates the customer).") var user: String
+    @Option(help: "Names this grant.") var grantId: String
+    @Option(help: "The entitlement granted.") var entitlement: String
+    @Option(help: "From when, RFC 3339; default: now.") var granted: String?
+    @Option(help: "Until when, RFC 3339; default: forever.") var expires: String?
+    @Option(help: "Why, for people.") var reason: String?
+    @Flag(help: "Print JSON.") var json = false
+    var method: MethodID { .grantEntitlement }
+
+    func validate() throws { _ = try self.request() }
+
+    func request() throws -> GrantEntitlementRequest {
+        GrantEntitlementRequest(
+            userId: self.user,
+            grant: Grant(
+                grantId: self.grantId,
+                entitlementId: self.entitlement,
+                grantedDate: try date(self.granted, "--granted"),
+                expirationDate: try date(self.expires, "--expires"),
+                reason: self.reason
+            )
+        )
+    }
+}
+
+struct RevokeGrantCommand: WriteCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "revoke-grant",
+        abstract: "End a grant."
+    )
+    @OptionGroup var connection: ServerOptions
+    @Option(help: "The customer id or alias.") var user: String
+    @Option(help: "The grant to end.") var grantId: String
+    @Option(help: "From when, RFC 3339; default: now.") var revoked: String?
+    @Flag(help: "Print JSON.") var json = false
+    var method: MethodID { .revokeGrant }
+
+    func validate() throws { _ = try self.request() }
+
+    func request() throws -> RevokeGrantRequest {
+        RevokeGrantRequest(userId: self.user, grantId: self.grantId, revokedDate: try date(self.revoked, "--revoked"))
+    }
+}
+
+struct LinkAliasCommand: WriteCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "link-alias",
+        abstract: "Make an id (e.g. an anonymous app-user id) answer for a customer."
+    )
+    @OptionGroup var connection: ServerOptions
+    @Option(help: "The customer id or alias (a new id creates the customer).") var user: String
+    @Option(help: "The alias.") var alias: String
+    @Flag(help: "Move the alias if another customer has it.") var transfer = false
+    @Flag(help: "Print JSON.") var json = false
+    var method: MethodID { .linkAlias }
+
+    func request() throws -> LinkAliasRequest {
+        LinkAliasRequest(userId: self.user, alias: self.alias, transfer: self.transfer)
+    }
+}
+
+struct DeleteCustomerCommand: WriteCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "delete-customer",
+        abstract: "Delete a customer and its aliases."
+    )
+    @OptionGroup var connection: ServerOptions
+    @Option(help: "The customer id or alias.") var user: String
+    @Flag(help: "Print JSON.") var json = false
+    var method: MethodID { .deleteCustomer }
+
+    func request() throws -> DeleteCustomerRequest {
+        DeleteCustomerRequest(userId: self.user)
+    }
+}
+
+struct CompactCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "compact",
+        abstract: "Ask a server to write a new snapshot holding every write and drop the log it covers."
+    )
+    @OptionGroup var connection: ServerOptions
+
+    func run() async throws {
+        let client = try self.connection.makeClient()
+        do {
+            let response: CompactResponse = try await client.call(.compact, CompactRequest(), timeout: self.connection.timeout)
+            await client.close()
+            print("compacted: snapshot \(response.snapshotId ?? "-") holds writes up to log sequence \(response.lastLogSequence)")
+        } catch {
+            await client.close()
+            print("error: \(error)")
+            throw ExitCode(1)
+        }
+    }
+}

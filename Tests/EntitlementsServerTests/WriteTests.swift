@@ -1,0 +1,204 @@
+import EntitlementsClient
+import EntitlementsMessages
+import EntitlementsServer
+import EntitlementsStore
+import EntitlementsWire
+import Foundation
+import NIOCore
+import Testing
+
+/// Write methods, cache invalidation and WatchEntitlements over real sockets.
+@Suite("writes and watch")
+struct WriteTests {
+    static func grant(_ user: String, _ id: String, entitlement: String? = nil, from: Int64 = now, until: Int64? = nil) -> GrantEntitlementRequest {
+        GrantEntitlementRequest(userId: user, grant: Grant(grantId: id, entitlementId: entitlement ?? id, grantedDate: from, expirationDate: until))
+    }
+
+    static func check(_ client: EntitlementsClient, _ user: String, at instant: Int64 = now) async throws -> CheckEntitlementsResponse {
+        try await client.checkEntitlements(CheckEntitlementsRequest(userId: user, at: instant))
+    }
+
+    static func active(_ response: CheckEntitlementsResponse) -> Set<String> {
+        Set(response.entitlements.filter(\.isActive).compactMap(\.id))
+    }
+
+    @Test("after a write is acknowledged, every later check on any connection sees it (cached answers are replaced)")
+    func readYourWrites() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let reader = fixture.client(connections: 4)
+        let writer = fixture.client()
+        for index in 0..<40 {
+            let user = "user-\(index)"
+            // Cache the answer first, on every connection of the reader.
+            for _ in 0..<4 {
+                _ = try await Self.check(reader, user)
+            }
+            let response: WriteResponse = try await writer.call(.grantEntitlement, Self.grant(user, "vip-\(index)"))
+            #expect(response.changed && response.logSequence == UInt64(index + 1))
+            for _ in 0..<4 {
+                #expect(Self.active(try await Self.check(reader, user)).contains("vip-\(index)"))
+            }
+        }
+        await reader.close()
+        await writer.close()
+        try await fixture.stop()
+    }
+
+    @Test("alias transfer and delete take effect for checks by alias, even for a learnt alias")
+    func aliasesFollowWrites() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client(connections: 2)
+        let _: WriteResponse = try await client.call(.linkAlias, LinkAliasRequest(userId: "user-1", alias: "device-9"))
+        #expect(try await Self.check(client, "device-9").customerId == "user-1")  // learnt now
+        await #expect {
+            let _: WriteResponse = try await client.call(.linkAlias, LinkAliasRequest(userId: "user-2", alias: "device-9"))
+        } throws: { error in
+            let error = error as! EntitlementsClientError
+            return error.code == .failedPrecondition && error.message == "alias: \"device-9\" belongs to customer \"user-1\"; set transfer to move it"
+        }
+        let moved: WriteResponse = try await client.call(.linkAlias, LinkAliasRequest(userId: "user-2", alias: "device-9", transfer: true))
+        #expect(moved.changed && moved.customerId == "user-2")
+        #expect(try await Self.check(client, "device-9").customerId == "user-2")
+        let deleted: WriteResponse = try await client.call(.deleteCustomer, DeleteCustomerRequest(userId: "device-9"))
+        #expect(deleted.customerId == "user-2")
+        #expect(try await Self.check(client, "device-9").customerId == nil)
+        #expect(try await Self.check(client, "user-2").customerId == nil)
+        await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("write errors carry their status and name the field")
+    func writeErrors() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let cases: [(StatusCode, String, @Sendable () async throws -> WriteResponse)] = [
+            (.invalidArgument, "grant.entitlement_id: required", {
+                try await client.call(.grantEntitlement, GrantEntitlementRequest(userId: "user-1", grant: Grant(grantId: "g")))
+            }),
+            (.invalidArgument, "transaction: required", {
+                try await client.call(.recordTransaction, RecordTransactionRequest(userId: "user-1"))
+            }),
+            (.notFound, "user_id: no customer \"nobody\"", {
+                try await client.call(.revokeGrant, RevokeGrantRequest(userId: "nobody", grantId: "g"))
+            }),
+            (.invalidArgument, "user_id: required", {
+                try await client.call(.deleteCustomer, DeleteCustomerRequest())
+            }),
+        ]
+        for (status, message, call) in cases {
+            await #expect {
+                _ = try await call()
+            } throws: { error in
+                let error = error as! EntitlementsClientError
+                return error.code == status && error.message == message
+            }
+        }
+        await client.close()
+        try await fixture.stop()
+
+        let readOnly = try await ServerFixture()
+        let other = readOnly.client()
+        await #expect {
+            let _: WriteResponse = try await other.call(.grantEntitlement, Self.grant("user-1", "g"))
+        } throws: { error in
+            (error as! EntitlementsClientError).code == .unavailable
+        }
+        await other.close()
+        try await readOnly.stop()
+    }
+
+    @Test("Compact writes a new snapshot with every write; checks and Health follow it")
+    func compact() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        for index in 0..<10 {
+            let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-\(index)", "early-\(index)"))
+        }
+        let before = try await client.health().snapshotId
+        let response: CompactResponse = try await client.call(.compact, CompactRequest())
+        #expect(response.lastLogSequence == 10)
+        #expect(try await client.health().snapshotId == response.snapshotId && response.snapshotId != before)
+        for index in 0..<10 {
+            #expect(Self.active(try await Self.check(client, "user-\(index)")).contains("early-\(index)"))
+        }
+        #expect(fixture.server.store.overlayCount == 0)
+        await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("watch: an event on a write, then one when the grant expires, without any request")
+    func watchWriteAndExpiry() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let events = try await client.watch(WatchEntitlementsRequest(userIds: ["user-7"]))
+        var iterator = events.makeAsyncIterator()
+        let wall = WallClock.unixMilliseconds()
+        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-7", "g1", entitlement: "trial-x", from: wall - 1_000, until: wall + 400))
+        let written = try await iterator.next()
+        #expect(written?.cause == .write && written?.customerId == "user-7" && written?.logSequence == 1)
+        #expect(written?.changes == [EntitlementChange(entitlementId: "trial-x", before: nil, after: EntitlementState(isActive: true, renewState: .nonRenewable))])
+        let expired = try await iterator.next()
+        #expect(expired?.cause == .time)
+        #expect(expired?.changes.first?.entitlementId == "trial-x")
+        #expect(expired?.changes.first?.after?.isActive == false)
+        #expect((expired?.current?.requestDate ?? 0) >= wall + 400)
+        await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("a watcher that does not read is ended with RESOURCE_EXHAUSTED; writers never wait for it")
+    func slowWatcher() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.watchBufferEvents = 4
+        let fixture = try await ServerFixture(writable: true, configuration: configuration)
+        let slow = try RawConnection(port: fixture.port, receiveBufferBytes: 4_096)
+        slow.send([RawConnection.request(1, WatchEntitlementsRequest(allCustomers: true), method: .watchEntitlements)])
+        // Make sure the watch is registered before the writes: a check on the same connection.
+        slow.send([RawConnection.request(2, CheckEntitlementsRequest(userId: "user-1", at: now))])
+        #expect(try slow.receive()?.requestID == 2)
+        let writer = fixture.client(connections: 4)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for task in 0..<8 {
+                group.addTask {
+                    for index in 0..<400 {
+                        let _: WriteResponse = try await writer.call(.grantEntitlement, Self.grant("user-\(index % 300)", "bulk-\(task)-\(index)-" + String(repeating: "x", count: 200)))
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        var end: Frame?
+        var messages = 0
+        while let frame = try slow.receive() {
+            if frame.type == .endOfStream {
+                end = frame
+                break
+            }
+            messages += 1
+        }
+        #expect(end?.status == .resourceExhausted)
+        #expect(end?.message.contains("fell more than 4 events behind") == true)
+        #expect(messages < 3_200)
+        await writer.close()
+        try await fixture.stop()
+    }
+
+    @Test("watch requests are validated; the server's watch limit answers RESOURCE_EXHAUSTED")
+    func watchLimits() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.maximumWatchStreams = 1
+        let fixture = try await ServerFixture(writable: true, configuration: configuration)
+        let connection = try RawConnection(port: fixture.port)
+        connection.send([RawConnection.request(1, WatchEntitlementsRequest(), method: .watchEntitlements)])
+        let invalid = try connection.receive()
+        #expect(invalid?.status == .invalidArgument && invalid?.message.hasPrefix("user_ids or all_customers") == true)
+        connection.send([RawConnection.request(2, WatchEntitlementsRequest(userIds: ["user-1"]), method: .watchEntitlements)])
+        connection.send([RawConnection.request(3, WatchEntitlementsRequest(userIds: ["user-2"]), method: .watchEntitlements)])
+        let refused = try connection.receive()
+        #expect(refused?.requestID == 3 && refused?.status == .resourceExhausted)
+        connection.send([Frame(type: .cancel, requestID: 2)])
+        let cancelled = try connection.receive()
+        #expect(cancelled?.type == .endOfStream && cancelled?.status == .cancelled)
+        try await fixture.stop()
+    }
+}

@@ -1,0 +1,298 @@
+import EntitlementsMessages
+import EntitlementsResolver
+import Foundation
+import Testing
+
+@testable import EntitlementsStore
+
+/// A small world for the write rules: a catalog and a snapshot with two customers.
+enum WriteWorld {
+    static let catalog = Catalog(products: [
+        Product(id: "monthly", type: .subscription, period: .monthly, entitlements: ["premium"]),
+        Product(id: "lifetime", type: .nonConsumable, entitlements: ["premium", "pro"]),
+    ])
+
+    /// alice (alias "anon-a") and bob, with nothing bought.
+    static func snapshot(in scratch: borrowing ScratchDirectory, name: String = "seed.snap") throws -> String {
+        let path = scratch.file(name)
+        var writer = try SnapshotWriter(path: path, catalog: Self.catalog, createdDate: now)
+        try writer.append(CustomerRecord(id: "alice", aliases: ["anon-a"]))
+        try writer.append(CustomerRecord(id: "bob"))
+        try writer.finish(hotList: ["alice"])
+        return path
+    }
+
+    static func purchase(_ user: String, _ transactionId: String, product: String = "monthly", revoked: Int64? = nil) -> LogRecord.Mutation {
+        .recordTransaction(RecordTransactionRequest(
+            userId: user,
+            transaction: Transaction(
+                transactionId: transactionId,
+                store: .appstore,
+                productId: product,
+                transactionDate: now - day,
+                expirationDate: product == "monthly" ? now + 29 * day : nil,
+                revocationDate: revoked,
+                environment: .production
+            )
+        ))
+    }
+}
+
+extension CustomerStore {
+    /// Writes and waits for the outcome.
+    func write(_ mutation: LogRecord.Mutation, at instant: Int64 = now) async throws -> WriteOutcome {
+        try await withCheckedThrowingContinuation { continuation in
+            self.write(mutation, now: instant) { continuation.resume(with: $0) }
+        }
+    }
+
+    func isActive(_ user: String, _ entitlement: String = "premium", at instant: Int64 = now) throws -> Bool {
+        let resolution = EntitlementResolver(catalog: self.catalog).resolve(try self.customer(for: user), at: instant)
+        return resolution.entitlements.first { $0.id == entitlement }?.isActive ?? false
+    }
+}
+
+@Suite("write rules")
+struct CustomerMutationTests {
+    /// Applies mutations to an in-memory world, as the store does.
+    struct World {
+        var customers: [String: CustomerRecord] = ["alice": CustomerRecord(id: "alice", aliases: ["anon-a"]), "bob": CustomerRecord(id: "bob")]
+
+        func lookup(_ userId: String) -> CustomerRecord? {
+            self.customers[userId] ?? self.customers.values.first { $0.aliases.contains(userId) }
+        }
+
+        mutating func apply(_ mutation: LogRecord.Mutation, now instant: Int64 = now) throws -> WriteEffect {
+            let snapshot = self
+            let effect = try CustomerMutation(catalog: ProductCatalog(WriteWorld.catalog), lookup: { snapshot.lookup($0) }).effect(of: mutation, now: instant)
+            for (id, record) in effect.records {
+                self.customers[id] = record
+            }
+            return effect
+        }
+    }
+
+    @Test("the same transaction twice is one transaction; a revocation date is a refund, clearing it a reversal")
+    func idempotentRefundReversal() throws {
+        var world = World()
+        let first = try world.apply(WriteWorld.purchase("alice", "t1"))
+        #expect(first.changed && !first.created)
+        #expect(try !world.apply(WriteWorld.purchase("alice", "t1")).changed)
+        #expect(world.customers["alice"]?.transactions.count == 1)
+        let refund = try world.apply(WriteWorld.purchase("alice", "t1", revoked: now))
+        #expect(refund.changed)
+        #expect(world.customers["alice"]?.transactions.first?.revocationDate == now)
+        let reversal = try world.apply(WriteWorld.purchase("alice", "t1"))
+        #expect(reversal.changed)
+        #expect(world.customers["alice"]?.transactions.first?.revocationDate == nil)
+        // Through the alias, the same customer.
+        #expect(try world.apply(WriteWorld.purchase("anon-a", "t2")).customerId == "alice")
+    }
+
+    @Test("a known transaction with other values than its revocation date is refused, naming them")
+    func changedTransactionRefused() throws {
+        var world = World()
+        _ = try world.apply(WriteWorld.purchase("alice", "t1"))
+        #expect {
+            try world.apply(WriteWorld.purchase("alice", "t1", product: "lifetime"))
+        } throws: { error in
+            let refusal = error as! WriteRefusal
+            return refusal.reason == .failedPrecondition && refusal.message.contains("product_id, expiration_date")
+        }
+    }
+
+    @Test("invalid writes name the field", arguments: [
+        (LogRecord.Mutation.recordTransaction(RecordTransactionRequest(userId: "", transaction: Transaction())), "user_id: required"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u")), "transaction: required"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .appstore, productId: "nope", transactionDate: now))),
+            "transaction.product_id: \"nope\" is not in the catalog"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", productId: "monthly", transactionDate: now))), "transaction.store: required"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly"))), "transaction.transaction_date: required"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, expirationDate: now - 1))),
+            "transaction.expiration_date:"),
+        (.grantEntitlement(GrantEntitlementRequest(userId: "u", grant: Grant(grantId: "g"))), "grant.entitlement_id: required"),
+        (.grantEntitlement(GrantEntitlementRequest(userId: "u", grant: Grant(grantId: "g", entitlementId: "pro", grantedDate: now, expirationDate: now))), "grant.expiration_date:"),
+        (.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "u", state: SubscriptionState(store: .appstore))), "state.original_transaction_id: required"),
+        (.linkAlias(LinkAliasRequest(userId: "alice", alias: String(repeating: "x", count: 257))), "alias: must be at most 256 bytes, got 257"),
+        (.linkAlias(LinkAliasRequest(userId: "alice", alias: "alice")), "alias: \"alice\" is the customer's own id"),
+    ])
+    func invalid(mutation: LogRecord.Mutation, message: String) throws {
+        var world = World()
+        #expect {
+            try world.apply(mutation)
+        } throws: { error in
+            let refusal = error as! WriteRefusal
+            return refusal.reason == .invalidArgument && refusal.message.hasPrefix(message)
+        }
+    }
+
+    @Test("an alias another customer owns needs transfer; transfer moves it; a customer id is never an alias")
+    func aliasTransfer() throws {
+        var world = World()
+        #expect {
+            try world.apply(.linkAlias(LinkAliasRequest(userId: "bob", alias: "anon-a")))
+        } throws: { error in
+            (error as! WriteRefusal) == WriteRefusal(.failedPrecondition, "alias: \"anon-a\" belongs to customer \"alice\"; set transfer to move it")
+        }
+        let moved = try world.apply(.linkAlias(LinkAliasRequest(userId: "bob", alias: "anon-a", transfer: true)))
+        #expect(moved.aliases == ["anon-a": "bob"])
+        #expect(world.customers["alice"]?.aliases == [])
+        #expect(world.customers["bob"]?.aliases == ["anon-a"])
+        #expect(try !world.apply(.linkAlias(LinkAliasRequest(userId: "bob", alias: "anon-a"))).changed)
+        #expect {
+            try world.apply(.linkAlias(LinkAliasRequest(userId: "bob", alias: "alice", transfer: true)))
+        } throws: { error in
+            (error as! WriteRefusal).reason == .failedPrecondition
+        }
+    }
+
+    @Test("the first write creates a customer; revoking an unknown grant is NOT_FOUND; delete removes the aliases too")
+    func createRevokeDelete() throws {
+        var world = World()
+        let granted = try world.apply(.grantEntitlement(GrantEntitlementRequest(userId: "carol", grant: Grant(grantId: "g1", entitlementId: "pro"))))
+        #expect(granted.created && granted.customerId == "carol")
+        #expect(world.customers["carol"]?.grants.first?.grantedDate == now)  // defaulted, and logged so
+        guard case .grantEntitlement(let logged) = granted.logged else {
+            Issue.record("logged \(granted.logged)")
+            return
+        }
+        #expect(logged.grant?.grantedDate == now)
+        #expect {
+            try world.apply(.revokeGrant(RevokeGrantRequest(userId: "carol", grantId: "g2")))
+        } throws: { error in
+            (error as! WriteRefusal) == WriteRefusal(.notFound, "grant_id: customer \"carol\" has no grant \"g2\"")
+        }
+        #expect(try world.apply(.revokeGrant(RevokeGrantRequest(userId: "carol", grantId: "g1", revokedDate: now + 1))).changed)
+        #expect(try !world.apply(.revokeGrant(RevokeGrantRequest(userId: "carol", grantId: "g1", revokedDate: now + 1))).changed)
+        let deleted = try world.apply(.deleteCustomer(DeleteCustomerRequest(userId: "anon-a")))
+        #expect(deleted.customerId == "alice")
+        #expect(deleted.records.count == 1 && deleted.records["alice"] == .some(CustomerRecord?.none))
+        #expect(deleted.aliases.count == 1 && deleted.aliases["anon-a"] == .some(String?.none))
+        #expect(try !world.apply(.deleteCustomer(DeleteCustomerRequest(userId: "nobody"))).changed)
+    }
+}
+
+@Suite("customer store")
+struct CustomerStoreTests {
+    @Test("an acknowledged write is visible at once and after reopening (log replay)")
+    func writeAndReplay() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        do {
+            let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+            #expect(report.seeded)
+            #expect(try !store.isActive("alice"))
+            let outcome = try await store.write(WriteWorld.purchase("anon-a", "t1"))
+            #expect(outcome.sequence == 1 && outcome.changed && outcome.customerId == "alice")
+            #expect(outcome.committed?.before["alice"] == .some(CustomerRecord(id: "alice", aliases: ["anon-a"])))
+            #expect(try store.isActive("alice") && store.isActive("anon-a"))
+            _ = try await store.write(.linkAlias(LinkAliasRequest(userId: "bob", alias: "anon-a", transfer: true)))
+            _ = try await store.write(.deleteCustomer(DeleteCustomerRequest(userId: "bob")))
+            #expect(try store.customer(for: "anon-a") == nil)
+            #expect(try store.customer(for: "bob") == nil)
+            let again = try await store.write(WriteWorld.purchase("alice", "t1"))
+            #expect(!again.changed && again.sequence == nil)
+            store.close()
+        }
+        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+        #expect(!report.seeded && report.replayedRecords == 3)
+        #expect(try store.isActive("alice"))
+        #expect(try store.customer(for: "anon-a") == nil && store.customer(for: "bob") == nil)
+        store.close()
+    }
+
+    @Test("a second server on the same data directory is refused")
+    func locked() throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let (store, _) = try CustomerStore.open(dataDirectory: scratch.file("data"), seed: seed)
+        #expect {
+            try CustomerStore.open(dataDirectory: scratch.file("data"), seed: seed)
+        } throws: { error in
+            "\(error)".contains("another server is using this data directory")
+        }
+        store.close()
+    }
+
+    @Test("a data directory without a snapshot and no seed says how to seed it")
+    func noSnapshot() throws {
+        let scratch = try ScratchDirectory()
+        #expect {
+            try CustomerStore.open(dataDirectory: scratch.file("data"), seed: nil)
+        } throws: { error in
+            "\(error)".hasSuffix("the data directory has no snapshot; start once with --snapshot FILE to seed it")
+        }
+    }
+
+    @Test("compaction: a new snapshot holds every write, covered segments go, writes during it survive")
+    func compaction() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        do {
+            let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+            _ = try await store.write(WriteWorld.purchase("alice", "t1"))
+            _ = try await store.write(.grantEntitlement(GrantEntitlementRequest(userId: "dave", grant: Grant(grantId: "g", entitlementId: "pro"))))
+            _ = try await store.write(.deleteCustomer(DeleteCustomerRequest(userId: "bob")))
+            // Writes racing the compaction.
+            async let racing = withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<20 {
+                    group.addTask { _ = try await store.write(WriteWorld.purchase("erin-\(index)", "e\(index)")) }
+                }
+                try await group.waitForAll()
+            }
+            let report = try await store.compact(hotList: ["alice"], now: now)
+            try await racing
+            #expect(report.lastLogSequence >= 3)
+            #expect(report.removedSegments.count == 1)
+            #expect(store.snapshot.header.lastLogSequence == report.lastLogSequence)
+            #expect(try store.customer(for: "dave")?.grants.count == 1)
+            #expect(try store.customer(for: "bob") == nil)
+            for index in 0..<20 {
+                #expect(try store.isActive("erin-\(index)"))
+            }
+            store.close()
+        }
+        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+        #expect(report.replayedRecords + report.skippedRecords <= 23)
+        #expect(try store.isActive("alice") && store.isActive("dave", "pro"))
+        #expect(try store.customer(for: "bob") == nil)
+        for index in 0..<20 {
+            #expect(try store.isActive("erin-\(index)"))
+        }
+        store.close()
+    }
+
+    @Test("a torn last batch is dropped at open and reported")
+    func tornTail() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        do {
+            let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+            _ = try await store.write(WriteWorld.purchase("alice", "t1"))
+            _ = try await store.write(WriteWorld.purchase("bob", "t2"))
+            store.close()
+        }
+        let segment = directory + "/log/log-00000000000000000001.wal"
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: segment))
+        try bytes.dropLast(3).write(to: URL(fileURLWithPath: segment))
+        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+        #expect(report.tornPath == segment && report.tornBytes > 0)
+        #expect(report.replayedRecords == 1)
+        #expect(try store.isActive("alice") && !store.isActive("bob"))
+        store.close()
+    }
+
+    @Test("a read-only store refuses writes with a message that says why")
+    func readOnly() async throws {
+        let scratch = try ScratchDirectory()
+        let store = CustomerStore.readOnly(try SnapshotReader(path: WriteWorld.snapshot(in: scratch)))
+        await #expect {
+            try await store.write(WriteWorld.purchase("alice", "t1"))
+        } throws: { error in
+            (error as! WriteRefusal).reason == .unavailable && "\(error)".contains("--data-dir")
+        }
+    }
+}

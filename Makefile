@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make run    install what is missing, build release, generate demo data on first run,
-#               and serve it on 127.0.0.1:7420
+#               and serve it on 127.0.0.1:7420 from a data directory (writes are kept)
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
 # Other targets: deps, generate, check-generated, build, test-asan, bench-codec,
@@ -15,6 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: run demo-data test deps generate check-generated build test-unit test-asan bench-codec bench-resolver bench-store fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
+DEMO_DATA ?= .build/demo/data
 DEMO_CUSTOMERS ?= 100000
 
 run: deps
@@ -23,12 +24,12 @@ run: deps
 	  mkdir -p $(dir $(DEMO_SNAPSHOT)) && \
 	  .build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT); \
 	fi
-	.build/release/entitlements serve --snapshot $(DEMO_SNAPSHOT)
+	.build/release/entitlements serve --data-dir $(DEMO_DATA) --snapshot $(DEMO_SNAPSHOT)
 
 # New demo data (the demo's subscriptions are generated active as of the day it is made).
 demo-data: deps
 	$(SWIFT) build -c release --product entitlements
-	rm -f $(DEMO_SNAPSHOT)
+	rm -rf $(DEMO_SNAPSHOT) $(DEMO_DATA)
 	mkdir -p $(dir $(DEMO_SNAPSHOT))
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 

@@ -85,6 +85,7 @@ let package = Package(
         .target(
             name: "EntitlementsStore",
             dependencies: [
+                "CEntitlementsShim",
                 "EntitlementsMessages",
                 "EntitlementsResolver",
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -1,3 +1,4 @@
+import CEntitlementsShim
 import Dispatch
 public import EntitlementsMessages
 public import EntitlementsResolver
@@ -160,33 +161,44 @@ public final class CustomerStore: Sendable {
             }
             let snapshot = try SnapshotReader(path: snapshotPath)
             let covered = snapshot.header.lastLogSequence ?? 0
+            let logDirectory = "\(directory)/\(Self.logDirectoryName)"
+            // The replaying store does not own the lock; the one returned does.
+            let store = CustomerStore(snapshot: snapshot, dataDirectory: directory, log: nil, lockFD: -1, options: options)
+            // Records are applied as they are read: the log is never all in memory.
             let (log, replay) = try WriteAheadLog.open(
-                directory: "\(directory)/\(Self.logDirectoryName)",
+                directory: logDirectory,
                 lastSnapshotSequence: covered,
                 syncMode: options.syncMode
-            )
+            ) { record in
+                guard record.sequence > covered else {
+                    report.skippedRecords += 1
+                    return
+                }
+                try store.replay(record, logDirectory: logDirectory)
+                report.replayedRecords += 1
+            }
             report.tornPath = replay.tornPath
             report.tornOffset = replay.tornOffset
             report.tornBytes = replay.tornBytes
-            let store = CustomerStore(snapshot: snapshot, dataDirectory: directory, log: log, lockFD: lockFD, options: options)
-            do {
-                for record in replay.records {
-                    guard record.sequence > covered else {
-                        report.skippedRecords += 1
-                        continue
-                    }
-                    try store.replay(record, logDirectory: log.directory)
-                    report.replayedRecords += 1
-                }
-            } catch {
-                log.closeAndWait()
-                throw error
-            }
-            return (store, report)
+            ent_release_free_memory()  // replay's garbage: superseded copies of records
+            return (store.taking(log: log, lockFD: lockFD), report)
         } catch {
             Glibc.close(lockFD)
             throw error
         }
+    }
+
+    /// This store, taking writes to `log` (after replay).
+    private func taking(log: WriteAheadLog, lockFD: Int32) -> CustomerStore {
+        let store = CustomerStore(snapshot: self.snapshot, dataDirectory: self.dataDirectory, log: log, lockFD: lockFD, options: self.options)
+        self.state.withLock { replayed in
+            store.state.withLock { state in
+                state.committed = replayed.committed
+                state.latest = replayed.latest
+                state.committedSequence = replayed.committedSequence
+            }
+        }
+        return store
     }
 
     /// Applies a replayed log record to both overlays.
@@ -432,6 +444,9 @@ public final class CustomerStore: Sendable {
             state.latest.prune(upTo: sequence)
             state.compactions += 1
         }
+        // The overlay's records were many small allocations; give the pages back to the
+        // system rather than keep the high-water mark resident.
+        ent_release_free_memory()
 
         // 4. The segments the snapshot covers are no longer needed.
         let removed = try log.removeSegments(coveredBy: sequence)

@@ -38,8 +38,11 @@ public final class WriteAheadLog: Sendable {
 
     /// What replay found.
     public struct Replay: Sendable {
-        /// Every record of every complete batch, in order.
+        /// Every record of every complete batch, in order (empty when replay visited them).
         public var records: [LogRecord]
+        /// How many records replay read, and the last one's sequence.
+        public var recordCount = 0
+        public var lastSequence: UInt64 = 0
         /// Bytes of a torn last batch that were dropped (and cut off the file); 0 if none.
         public var tornBytes: UInt64
         /// The segment and offset the torn batch started at, if there was one.
@@ -97,7 +100,15 @@ public final class WriteAheadLog: Sendable {
     ///
     /// Throws if the segments do not reach back to `lastSnapshotSequence + 1` (writes
     /// would be missing), or for damage anywhere but the tail of the last segment.
-    public static func open(directory: String, lastSnapshotSequence: UInt64 = 0, syncMode: SyncMode = .batch) throws -> (WriteAheadLog, Replay) {
+    ///
+    /// With `visit`, each replayed record is handed to it in order as it is read, and
+    /// `Replay.records` stays empty: a long log is applied without holding it in memory.
+    public static func open(
+        directory: String,
+        lastSnapshotSequence: UInt64 = 0,
+        syncMode: SyncMode = .batch,
+        visit: ((LogRecord) throws -> Void)? = nil
+    ) throws -> (WriteAheadLog, Replay) {
         if mkdir(directory, 0o755) != 0, errno != EEXIST {
             throw SnapshotError(code: .io, path: directory, reason: "cannot create the log directory: \(String(cString: strerror(errno)))")
         }
@@ -121,7 +132,7 @@ public final class WriteAheadLog: Sendable {
                 }
                 let part: Replay
                 do {
-                    part = try Self.replay(fd: segmentFD, path: segment.path, after: replay.records.last?.sequence ?? 0)
+                    part = try Self.replay(fd: segmentFD, path: segment.path, after: replay.lastSequence, visit: visit)
                 } catch {
                     Glibc.close(segmentFD)
                     throw error
@@ -136,6 +147,8 @@ public final class WriteAheadLog: Sendable {
                     )
                 }
                 replay.records += part.records
+                replay.lastSequence = max(replay.lastSequence, part.lastSequence)
+                replay.recordCount += part.recordCount
                 replay.batches += part.batches
                 replay.segments.append(segment.path)
                 if part.tornOffset != nil {
@@ -149,7 +162,7 @@ public final class WriteAheadLog: Sendable {
                     Glibc.close(segmentFD)
                 }
             }
-            lastSequence = max(lastSequence, replay.records.last?.sequence ?? 0)
+            lastSequence = max(lastSequence, replay.lastSequence)
             if fd < 0 {
                 let segment = try Self.createSegment(in: directory, firstSequence: lastSequence + 1)
                 segments.append(segment)
@@ -183,7 +196,7 @@ public final class WriteAheadLog: Sendable {
             throw SnapshotError(code: .io, path: path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
         }
         defer { Glibc.close(fd) }
-        return try Self.replay(fd: fd, path: path, after: 0)
+        return try Self.replay(fd: fd, path: path, after: 0, visit: nil)
     }
 
     private init(directory: String, syncMode: SyncMode, state: State) {
@@ -490,7 +503,7 @@ public final class WriteAheadLog: Sendable {
     // MARK: Replay
 
     /// Reads every batch; cuts off a torn last batch; throws for damage before the tail.
-    static func replay(fd: Int32, path: String, after previousSequence: UInt64) throws -> Replay {
+    static func replay(fd: Int32, path: String, after previousSequence: UInt64, visit: ((LogRecord) throws -> Void)?) throws -> Replay {
         let size = UInt64(lseek(fd, 0, SEEK_END))
         var replay = Replay(records: [], tornBytes: 0, tornOffset: nil, batches: 0)
         guard size > 0 else {
@@ -553,7 +566,13 @@ public final class WriteAheadLog: Sendable {
                     throw SnapshotError(code: .corrupt, path: path, offset: batchStart, reason: "log sequence \(record.sequence) does not follow \(lastSequence)")
                 }
                 lastSequence = record.sequence
-                replay.records.append(record)
+                if let visit {
+                    try visit(record)
+                } else {
+                    replay.records.append(record)
+                }
+                replay.recordCount += 1
+                replay.lastSequence = record.sequence
                 position += recordLength
             }
             offset += 8 + length

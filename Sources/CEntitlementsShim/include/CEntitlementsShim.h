@@ -61,4 +61,15 @@ static inline size_t ent_arena_allocation_size(const void *pointer) {
     return ((const size_t *)pointer)[-1];
 }
 
+/// Returns freed heap pages to the system (glibc's malloc_trim); a no-op elsewhere. The
+/// store calls it after compaction drops the overlay of written customers.
+#if defined(__GLIBC__)
+#include <malloc.h>
+static inline void ent_release_free_memory(void) {
+    malloc_trim(0);
+}
+#else
+static inline void ent_release_free_memory(void) {}
+#endif
+
 #endif

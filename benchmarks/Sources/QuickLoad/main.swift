@@ -1,10 +1,12 @@
 // QuickLoad: closed-loop load against `entitlements serve`.
 //
-//   QuickLoad HOST PORT CONNECTIONS IN_FLIGHT SECONDS CUSTOMERS [THREADS]
+//   QuickLoad HOST PORT CONNECTIONS IN_FLIGHT SECONDS CUSTOMERS [THREADS] [WRITE_PERCENT]
 //
 // Each connection keeps IN_FLIGHT CheckEntitlements requests outstanding (uniform random
 // customers user-0 ... user-(CUSTOMERS-1)) for SECONDS after a one-second warm-up, and
 // records each request's latency from send to answer. Prints throughput and percentiles.
+// WRITE_PERCENT of the requests are GrantEntitlement writes instead, each with a new
+// grant id (so each changes the customer and is logged); 100 measures writes alone.
 import EntitlementsMessages
 import EntitlementsWire
 import Foundation
@@ -20,6 +22,7 @@ else {
     exit(2)
 }
 let threads = arguments.count > 7 ? Int(arguments[7]) ?? 1 : 1
+let writePercent = arguments.count > 8 ? Int(arguments[8]) ?? 0 : 0
 let host = arguments[1]
 
 /// Pre-encoded request payloads, one per customer (so encoding is not measured).
@@ -62,9 +65,16 @@ final class LoadHandler: ChannelInboundHandler {
     func send(context: ChannelHandlerContext, flush: Bool) {
         let id = self.nextID
         self.nextID += 1
-        let payload = payloads[Int.random(in: 0..<payloads.count, using: &self.random)]
+        let customer = Int.random(in: 0..<payloads.count, using: &self.random)
+        var payload = payloads[customer]
+        var method = MethodID.checkEntitlements
+        if writePercent > 0, Int.random(in: 0..<100, using: &self.random) < writePercent {
+            let grant = Grant(grantId: "load-\(ObjectIdentifier(self).hashValue)-\(id)", entitlementId: "bench")
+            payload = ByteBuffer(bytes: try! GrantEntitlementRequest(userId: "user-\(customer)", grant: grant).serializedBytes())
+            method = .grantEntitlement
+        }
         var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + payload.readableBytes)
-        buffer.writeFrameHeader(type: .request, method: .checkEntitlements, requestID: id, payloadLength: UInt32(payload.readableBytes))
+        buffer.writeFrameHeader(type: .request, method: method, requestID: id, payloadLength: UInt32(payload.readableBytes))
         buffer.writeImmutableBuffer(payload)
         self.sentAt[id] = DispatchTime.now().uptimeNanoseconds
         context.write(self.wrapOutboundOut(buffer), promise: nil)

@@ -174,12 +174,13 @@ public struct CustomerMutation {
         }
         let grantId = try Self.id(grant.grantId, "grant.grant_id")
         _ = try Self.id(grant.entitlementId, "grant.entitlement_id")
-        let granted = grant.grantedDate ?? now
+        var (record, created) = try self.recordOrNew(userId)
+        // A retried grant without a date keeps the date it was first given.
+        let granted = grant.grantedDate ?? record.grants.first { $0.grantId == grantId }?.grantedDate ?? now
         grant.grantedDate = granted
         if let expiration = grant.expirationDate, expiration <= granted {
             throw WriteRefusal(.invalidArgument, "grant.expiration_date: \(expiration) is not after granted_date \(granted)")
         }
-        var (record, created) = try self.recordOrNew(userId)
         let customerId = record.id!
         var logged = request
         logged.userId = customerId
@@ -207,7 +208,8 @@ public struct CustomerMutation {
         guard let index = record.grants.firstIndex(where: { $0.grantId == grantId }) else {
             throw WriteRefusal(.notFound, "grant_id: customer \"\(customerId)\" has no grant \"\(grantId)\"")
         }
-        let revoked = request.revokedDate ?? now
+        // A retried revocation without a date keeps the first one.
+        let revoked = request.revokedDate ?? record.grants[index].revokedDate ?? now
         var logged = request
         logged.userId = customerId
         logged.revokedDate = revoked

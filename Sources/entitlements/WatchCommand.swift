@@ -47,7 +47,7 @@ struct WatchCommand: AsyncParsableCommand {
         )
         do {
             for try await event in try await client.watch(request) {
-                print(self.json ? EntitlementsOutput.json(event) : EntitlementsOutput.line(event))
+                ServeCommand.say(self.json ? EntitlementsOutput.json(event) : EntitlementsOutput.line(event))
             }
             await client.close()
         } catch {

@@ -123,10 +123,43 @@ struct CommandLineTests {
         (["serve", "--snapshot", "x", "--cache-bytes", "lots"], "--cache-bytes \"lots\" is not a size"),
         (["check", "--user", "u", "--at", "tomorrow"], "--at \"tomorrow\" is not an RFC 3339 date-time"),
         (["check", "--user", "u", "--environment", "staging"], "--environment must be production or sandbox"),
+        (["serve"], "give --snapshot FILE (read-only) or --data-dir DIR (with writes)"),
+        (["serve", "--data-dir", "d", "--fsync", "never"], "--fsync must be batch or always, got \"never\""),
+        (["serve", "--data-dir", "d", "--compact-after", "big"], "--compact-after \"big\" is not a size"),
+        (["grant", "--user", "u", "--grant-id", "g", "--entitlement", "e", "--expires", "soon"], "--expires \"soon\" is not an RFC 3339 date-time"),
+        (["record-transaction", "--user", "u", "--store", "ebay", "--transaction-id", "t", "--product", "p", "--purchased", "2026-01-01T00:00:00Z"],
+            "--store must be one of unknown, appstore, playstore, stripe, manual, got \"ebay\""),
+        (["watch"], "give --user ID (repeatable) or --all"),
     ])
     func badFlags(arguments: [String], message: String) throws {
         let output = try Self.run(arguments)
         #expect(output.status == 64)
         #expect(output.text.contains(message), "\(output.text)")
+    }
+
+    @Test("serve --data-dir takes writes from the write commands; they survive a restart")
+    func writesFromTheCommandLine() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let seed = directory + "/seed.snap"
+        _ = try SnapshotTools.generate(count: 50, seed: 8, now: now, outputPath: seed)
+        var server = try ChildServer.start(dataDirectory: directory + "/data", seed: seed)
+        let address = ["--server", "127.0.0.1:\(server.port)"]
+        let granted = try Self.run(["grant", "--user", "newcomer", "--grant-id", "g1", "--entitlement", "beta"] + address)
+        #expect(granted.text == "customer newcomer: created, log sequence 1\n")
+        let retried = try Self.run(["grant", "--user", "newcomer", "--grant-id", "g1", "--entitlement", "beta", "--json"] + address)
+        #expect(retried.text == "{\"customerId\":\"newcomer\",\"changed\":false,\"created\":false,\"logSequence\":null}\n")
+        let conflict = try Self.run(["link-alias", "--user", "user-1", "--alias", "newcomer"] + address)
+        #expect(conflict.status == 1)
+        #expect(conflict.text == "error: FAILED_PRECONDITION: alias: \"newcomer\" is a customer id, not an alias; customers are not merged\n")
+        #expect(try Self.run(["link-alias", "--user", "newcomer", "--alias", "phone-1"] + address).status == 0)
+        server.kill9()
+        server = try ChildServer.start(dataDirectory: directory + "/data", seed: seed)
+        let check = try Self.run(["check", "--user", "phone-1", "--entitlement", "beta", "--server", "127.0.0.1:\(server.port)"])
+        #expect(check.text.contains("phone-1 (customer newcomer)") && check.text.contains("beta "), "\(check.text)")
+        let compacted = try Self.run(["compact", "--server", "127.0.0.1:\(server.port)"])
+        #expect(compacted.text.hasSuffix("holds writes up to log sequence 2\n"), "\(compacted.text)")
+        server.kill9()
     }
 }

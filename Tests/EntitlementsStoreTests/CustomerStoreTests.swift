@@ -157,6 +157,8 @@ struct CustomerMutationTests {
             return
         }
         #expect(logged.grant?.grantedDate == now)
+        // A retry later, without a date, is the same grant: nothing changes.
+        #expect(try !world.apply(.grantEntitlement(GrantEntitlementRequest(userId: "carol", grant: Grant(grantId: "g1", entitlementId: "pro"))), now: now + day).changed)
         #expect {
             try world.apply(.revokeGrant(RevokeGrantRequest(userId: "carol", grantId: "g2")))
         } throws: { error in
@@ -164,6 +166,7 @@ struct CustomerMutationTests {
         }
         #expect(try world.apply(.revokeGrant(RevokeGrantRequest(userId: "carol", grantId: "g1", revokedDate: now + 1))).changed)
         #expect(try !world.apply(.revokeGrant(RevokeGrantRequest(userId: "carol", grantId: "g1", revokedDate: now + 1))).changed)
+        #expect(try !world.apply(.revokeGrant(RevokeGrantRequest(userId: "carol", grantId: "g1")), now: now + day).changed)
         let deleted = try world.apply(.deleteCustomer(DeleteCustomerRequest(userId: "anon-a")))
         #expect(deleted.customerId == "alice")
         #expect(deleted.records.count == 1 && deleted.records["alice"] == .some(CustomerRecord?.none))

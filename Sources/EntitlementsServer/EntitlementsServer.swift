@@ -39,11 +39,13 @@ final class ServerServices: Sendable {
     var store: CustomerStore { self.pool.store }
     let watches: WatchHub
     let health: ServerHealth
+    let connections: ConnectionCounter
     /// Where background work (compaction) reports.
     let report: @Sendable (String) -> Void
 
-    init(pool: ResolverPool, watches: WatchHub, health: ServerHealth, report: @escaping @Sendable (String) -> Void) {
+    init(pool: ResolverPool, watches: WatchHub, health: ServerHealth, connections: ConnectionCounter, report: @escaping @Sendable (String) -> Void) {
         self.pool = pool
+        self.connections = connections
         self.watches = watches
         self.health = health
         self.report = report
@@ -154,7 +156,13 @@ public final class EntitlementsServer: Sendable {
             warmAt: instant ?? WallClock.unixMilliseconds()
         )
         let health = ServerHealth()
-        let services = ServerServices(pool: pool, watches: WatchHub(maximumWatches: configuration.maximumWatchStreams), health: health, report: report)
+        let services = ServerServices(
+            pool: pool,
+            watches: WatchHub(maximumWatches: configuration.maximumWatchStreams),
+            health: health,
+            connections: ConnectionCounter(maximum: configuration.maximumConnections),
+            report: report
+        )
         let quiescing = ServerQuiescingHelper(group: group)
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1_024)
@@ -168,9 +176,16 @@ public final class EntitlementsServer: Sendable {
             .childChannelOption(.maxMessagesPerRead, value: 16)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    guard services.connections.admit() else {
+                        try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
+                        return
+                    }
+                    channel.closeFuture.whenComplete { _ in services.connections.release() }
+                    let progress = FrameProgress()
                     try channel.pipeline.syncOperations.addHandlers(
+                        SlowSenderGuard(progress: progress, timeout: configuration.frameTimeout),
                         ByteToMessageHandler(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize)),
-                        ServerConnectionHandler(services: services, configuration: configuration)
+                        ServerConnectionHandler(services: services, configuration: configuration, progress: progress)
                     )
                 }
             }

@@ -1,5 +1,5 @@
 public import EntitlementsWire
-import NIOCore
+public import NIOCore
 import NIOPosix
 
 /// How `entitlements serve` runs. Every field has the documented default.
@@ -18,6 +18,15 @@ public struct ServerConfiguration: Sendable {
     public var maximumInFlightPerConnection: Int
     /// The most user ids in one BatchCheckEntitlements. Default 1,000.
     public var maximumBatchSize: Int
+    /// The most connections open at once; one more gets an ERROR frame
+    /// (RESOURCE_EXHAUSTED) and is closed. Default 10,000.
+    public var maximumConnections: Int
+    /// A connection with nothing in flight and no watch for this long gets a GOAWAY and
+    /// is closed. Default 5 minutes.
+    public var idleTimeout: TimeAmount
+    /// A frame must arrive in full this long after its first byte, or the connection is
+    /// cut off (a slow sender holding a connection: slowloris). Default 10 s.
+    public var frameTimeout: TimeAmount
     /// The most WatchEntitlements streams open at once. Default 1,024.
     public var maximumWatchStreams: Int
     /// Events a watch holds while its socket is full before it is ended with
@@ -37,8 +46,14 @@ public struct ServerConfiguration: Sendable {
         maximumBatchSize: Int = 1_000,
         maximumWatchStreams: Int = 1_024,
         watchBufferEvents: Int = 1_024,
+        maximumConnections: Int = 10_000,
+        idleTimeout: TimeAmount = .minutes(5),
+        frameTimeout: TimeAmount = .seconds(10),
         version: String = "0.1.0"
     ) {
+        self.maximumConnections = maximumConnections
+        self.idleTimeout = idleTimeout
+        self.frameTimeout = frameTimeout
         self.maximumWatchStreams = maximumWatchStreams
         self.watchBufferEvents = watchBufferEvents
         self.tcp = tcp

@@ -24,6 +24,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var pool: ResolverPool { self.services.pool }
     private let configuration: ServerConfiguration
     private var health: ServerHealth { self.services.health }
+    private let progress: FrameProgress
+    /// When the last frame arrived, for the idle timeout.
+    private var lastActivity = NIODeadline.now()
+    private var idleTimer: Scheduled<Void>?
 
     /// Calls accepted and not yet answered, with their deadline timers.
     private var pending: [UInt64: Scheduled<Void>?] = [:]
@@ -41,13 +45,35 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var needsFlush = false
     private var context: ChannelHandlerContext!
 
-    init(services: ServerServices, configuration: ServerConfiguration) {
+    init(services: ServerServices, configuration: ServerConfiguration, progress: FrameProgress) {
         self.services = services
         self.configuration = configuration
+        self.progress = progress
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        self.armIdleTimer(at: NIODeadline.now() + self.configuration.idleTimeout)
+    }
+
+    /// Closes the connection once it has been idle (nothing in flight, no watch, no frame)
+    /// for the idle timeout: GOAWAY first, so the client knows why.
+    private func armIdleTimer(at deadline: NIODeadline) {
+        self.idleTimer = self.context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+            guard self.context != nil, !self.draining else {
+                return
+            }
+            let idleUntil = self.lastActivity + self.configuration.idleTimeout
+            if idleUntil > NIODeadline.now() || !self.pending.isEmpty || !self.watches.isEmpty {
+                self.armIdleTimer(at: max(idleUntil, NIODeadline.now() + .nanoseconds(self.configuration.idleTimeout.nanoseconds / 4)))
+                return
+            }
+            let seconds = Double(self.configuration.idleTimeout.nanoseconds) / 1e9
+            self.draining = true
+            self.write(header: .goAway, requestID: self.lastRequestID, payload: ByteBuffer(string: "idle for \(seconds) s; reconnect when needed"))
+            self.flushIfNeeded()
+            self.context.close(promise: nil)
+        }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -59,6 +85,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             watch.abandon()
         }
         self.watches.removeAll()
+        self.idleTimer?.cancel()
+        self.idleTimer = nil
         self.context = nil
     }
 
@@ -70,6 +98,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         self.inReadBatch = true
         let frame = self.unwrapInboundIn(data)
+        self.progress.consumed += Frame.headerSize + frame.payload.readableBytes
+        self.lastActivity = NIODeadline.now()
         switch frame.type {
         case .request:
             self.request(frame)
@@ -514,9 +544,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let shouldPause = self.pending.count >= self.configuration.maximumInFlightPerConnection || !context.channel.isWritable
         if shouldPause, !self.readsPaused {
             self.readsPaused = true
+            self.progress.readsPaused = true
             context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
         } else if !shouldPause, self.readsPaused {
             self.readsPaused = false
+            self.progress.readsPaused = false
             context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
             context.read()
         }

@@ -1,0 +1,107 @@
+import EntitlementsMessages
+import EntitlementsServer
+import EntitlementsWire
+import NIOCore
+import Testing
+
+/// The per-server and per-connection limits, over real sockets.
+@Suite("limits")
+struct LimitTests {
+    static func health(_ id: UInt64) -> Frame {
+        RawConnection.request(id, HealthRequest(), method: .health)
+    }
+
+    @Test("one connection more than the maximum gets RESOURCE_EXHAUSTED and is closed; a freed slot is reusable")
+    func maximumConnections() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.maximumConnections = 2
+        let fixture = try await ServerFixture(configuration: configuration)
+        var first: RawConnection? = try RawConnection(port: fixture.port)
+        let second = try RawConnection(port: fixture.port)
+        for connection in [first!, second] {
+            connection.send([Self.health(1)])
+            #expect(try connection.receive()?.status == .ok)
+        }
+        let third = try RawConnection(port: fixture.port)
+        let refused = try third.receive()
+        #expect(refused?.type == .error && refused?.status == .resourceExhausted)
+        #expect(refused?.message == "the server has 2 connections, its maximum; try again later or another server")
+        #expect(try third.receive() == nil)  // closed
+        first = nil  // closes the socket: its slot is freed
+        var admitted = false
+        for _ in 0..<100 where !admitted {
+            let again = try RawConnection(port: fixture.port)
+            again.send([Self.health(1)])
+            admitted = try again.receive()?.type == .response
+        }
+        #expect(admitted)
+        _ = first
+        try await fixture.stop()
+    }
+
+    @Test("an idle connection gets GOAWAY and is closed; one with a call in flight is not")
+    func idleTimeout() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.idleTimeout = .milliseconds(200)
+        let fixture = try await ServerFixture(holdableResolvers: true, configuration: configuration)
+        let idle = try RawConnection(port: fixture.port)
+        let busy = try RawConnection(port: fixture.port)
+        fixture.holdResolvers()
+        busy.send([RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1", at: now))])
+        let goAway = try idle.receive()
+        #expect(goAway?.type == .goAway && goAway?.message == "idle for 0.2 s; reconnect when needed")
+        #expect(try idle.receive() == nil)
+        // The busy one waited longer than the timeout with its call held, and is served.
+        fixture.releaseResolvers()
+        let answer = try busy.receive()
+        #expect(answer?.requestID == 1 && answer?.status == .ok)
+        try await fixture.stop()
+    }
+
+    @Test("a sender that starts a frame and never finishes it is cut off with DEADLINE_EXCEEDED")
+    func slowSender() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.frameTimeout = .milliseconds(200)
+        let fixture = try await ServerFixture(configuration: configuration)
+        let slow = try RawConnection(port: fixture.port)
+        var bytes = ByteBuffer()
+        bytes.writeFrame(Self.health(1))
+        slow.send(bytes: Array(bytes.readableBytesView.prefix(10)))  // 10 of 24 header bytes
+        let error = try slow.receive()
+        #expect(error?.type == .error && error?.status == .deadlineExceeded)
+        #expect(error?.message == "a frame started 0.2 s ago has not arrived in full (10 bytes so far); closing")
+        #expect(try slow.receive() == nil)
+
+        // A sender that completes frames, however slowly in between, is fine.
+        let steady = try RawConnection(port: fixture.port)
+        for id in 1...3 {
+            steady.send([Self.health(UInt64(id))])
+            #expect(try steady.receive()?.requestID == UInt64(id))
+            try await Task.sleep(for: .milliseconds(150))
+        }
+        try await fixture.stop()
+    }
+
+    @Test("at the in-flight maximum the server stops reading the connection until answers drain")
+    func inFlightMaximum() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.maximumInFlightPerConnection = 4
+        let fixture = try await ServerFixture(holdableResolvers: true, configuration: configuration)
+        let connection = try RawConnection(port: fixture.port)
+        fixture.holdResolvers()
+        let checks = (1...4).map { RawConnection.request(UInt64($0), CheckEntitlementsRequest(userId: "user-\($0)", at: now)) }
+        connection.send(checks)
+        try await Task.sleep(for: .milliseconds(100))
+        // The PING comes after four held calls: the server reads (and answers) it only
+        // once they are answered.
+        connection.send([Frame(type: .ping, requestID: 99)])
+        try await Task.sleep(for: .milliseconds(100))
+        fixture.releaseResolvers()
+        var order: [FrameType] = []
+        for _ in 0..<5 {
+            order.append(try connection.receive()?.type ?? .error)
+        }
+        #expect(order == [.response, .response, .response, .response, .pong])
+        try await fixture.stop()
+    }
+}

@@ -100,7 +100,7 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         switch frame.type {
         case .streamMessage:
             self.streams[frame.requestID]?.message(frame.payload)
-        case .endOfStream where self.streams[frame.requestID] != nil:
+        case .endOfStream where self.streams[frame.requestID] != nil, .response where self.streams[frame.requestID] != nil:
             self.streams.removeValue(forKey: frame.requestID)?.end(frame.status, frame.message)
         case .response, .endOfStream:
             if let entry = self.pending.removeValue(forKey: frame.requestID) {

@@ -40,15 +40,33 @@ final class ServerServices: Sendable {
     let watches: WatchHub
     let health: ServerHealth
     let connections: ConnectionCounter
+    let metrics: ServerMetrics
     /// Where background work (compaction) reports.
     let report: @Sendable (String) -> Void
 
-    init(pool: ResolverPool, watches: WatchHub, health: ServerHealth, connections: ConnectionCounter, report: @escaping @Sendable (String) -> Void) {
+    init(
+        pool: ResolverPool,
+        watches: WatchHub,
+        health: ServerHealth,
+        connections: ConnectionCounter,
+        metrics: ServerMetrics,
+        report: @escaping @Sendable (String) -> Void
+    ) {
         self.pool = pool
+        self.metrics = metrics
         self.connections = connections
         self.watches = watches
         self.health = health
         self.report = report
+    }
+
+    /// A write is durable and visible: every resolver drops what it changed, watchers are
+    /// told, then `done` lets the store acknowledge it.
+    func afterCommit(_ write: CustomerStore.CommittedWrite, done: @escaping @Sendable () -> Void) {
+        let loop = self.pool.resolvers[0].eventLoop
+        let invalidated = self.pool.invalidate(after: write, on: loop)
+        self.watches.publish(write)
+        invalidated.whenComplete { _ in done() }
     }
 
     /// Compacts now (the Compact method, `entitlements compact`).
@@ -111,6 +129,16 @@ public final class EntitlementsServer: Sendable {
         self.group = group
     }
 
+    /// Reads the values metrics take at scrape time (cache counters from every resolver,
+    /// the snapshot, the log) into ``ServerMetrics``.
+    public func refreshMetrics() async {
+        var total = LRUCache.Statistics()
+        for resolver in self.pool.resolvers {
+            total = total + (await resolver.cacheStatistics)
+        }
+        self.services.metrics.refresh(cache: total, store: self.store, now: WallClock.unixMilliseconds(), isReady: self.health.isServing)
+    }
+
     /// Compacts the data directory now: a new snapshot with every acknowledged write.
     public func compact() async throws -> CustomerStore.CompactionReport {
         try await self.services.compact()
@@ -143,6 +171,7 @@ public final class EntitlementsServer: Sendable {
         group: MultiThreadedEventLoopGroup,
         resolverLoops: [any EventLoop]? = nil,
         warmAt instant: Int64? = nil,
+        metrics: ServerMetrics = ServerMetrics(),
         report: @escaping @Sendable (String) -> Void = { _ in }
     ) async throws -> EntitlementsServer {
         // By default the resolvers run on the connections' event loops, so a check whose
@@ -158,11 +187,13 @@ public final class EntitlementsServer: Sendable {
         let health = ServerHealth()
         let services = ServerServices(
             pool: pool,
-            watches: WatchHub(maximumWatches: configuration.maximumWatchStreams),
+            watches: WatchHub(maximumWatches: configuration.maximumWatchStreams, metrics: metrics),
             health: health,
             connections: ConnectionCounter(maximum: configuration.maximumConnections),
+            metrics: metrics,
             report: report
         )
+        store.onCommit { write, done in services.afterCommit(write, done: done) }
         let quiescing = ServerQuiescingHelper(group: group)
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1_024)
@@ -180,7 +211,11 @@ public final class EntitlementsServer: Sendable {
                         try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
                         return
                     }
-                    channel.closeFuture.whenComplete { _ in services.connections.release() }
+                    services.metrics.connections.increment()
+                    channel.closeFuture.whenComplete { _ in
+                        services.connections.release()
+                        services.metrics.connections.decrement()
+                    }
                     let progress = FrameProgress()
                     try channel.pipeline.syncOperations.addHandlers(
                         SlowSenderGuard(progress: progress, timeout: configuration.frameTimeout),

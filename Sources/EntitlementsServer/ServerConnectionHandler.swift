@@ -29,8 +29,19 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var lastActivity = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
 
-    /// Calls accepted and not yet answered, with their deadline timers.
-    private var pending: [UInt64: Scheduled<Void>?] = [:]
+    /// A call accepted and not yet answered.
+    private struct Call {
+        var timer: Scheduled<Void>?
+        var method: MethodID
+        /// When its frame was read, for the latency metric.
+        var start: NIODeadline
+    }
+
+    /// Calls accepted and not yet answered.
+    private var pending: [UInt64: Call] = [:]
+    /// The method and read time of the request being handled (set by `request(_:)`).
+    private var current = (method: MethodID(rawValue: 0), start: NIODeadline.uptimeNanoseconds(0))
+    private var metrics: ServerMetrics { self.services.metrics }
     /// Open WatchEntitlements streams by request id (not in `pending`: they never end on
     /// their own).
     private var watches: [UInt64: Watch] = [:]
@@ -77,8 +88,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        for timer in self.pending.values {
-            timer?.cancel()
+        for call in self.pending.values {
+            call.timer?.cancel()
+            self.metrics.inFlight.decrement()
         }
         self.pending.removeAll()
         for watch in self.watches.values {
@@ -151,6 +163,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     // MARK: Requests
 
     private func request(_ frame: Frame) {
+        self.current = (frame.method, NIODeadline.now())
         guard frame.requestID > self.lastRequestID else {
             self.connectionError(
                 .invalidArgument,
@@ -344,17 +357,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                     changed: outcome.changed,
                     created: outcome.created
                 )
-                guard let committed = outcome.committed else {
-                    loop.execute { handler.value.answerWrite(requestID, response) }
-                    return
+                // The store calls this once every resolver has dropped what the write
+                // changed (ServerServices.afterCommit).
+                loop.execute { handler.value.answerWrite(requestID, response) }
+                if outcome.changed {
+                    services.compactIfNeeded()
                 }
-                // Invalidate first, then tell watchers, then acknowledge.
-                let invalidated = services.pool.invalidate(after: committed, on: loop)
-                services.watches.publish(committed)
-                invalidated.whenComplete { _ in
-                    handler.value.answerWrite(requestID, response)
-                }
-                services.compactIfNeeded()
             case .failure(let error):
                 loop.execute {
                     handler.value.failWrite(requestID, error)
@@ -436,21 +444,29 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     // MARK: Watch
 
+    /// Refuses a watch: a streaming call always ends with END_OF_STREAM.
+    private func refuseWatch(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
+        self.metrics.answered(.watchEntitlements, status, since: self.current.start)
+        var buffer = self.context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
+        buffer.writeFrame(Frame(type: .endOfStream, status: status, requestID: requestID, payload: ByteBuffer(string: message)))
+        self.send(buffer)
+    }
+
     private func watch(_ frame: Frame) {
         let request: WatchEntitlementsRequest
         do {
             request = try WatchEntitlementsRequest(buffer: frame.payload)
         } catch {
-            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            self.refuseWatch(frame.requestID, .invalidArgument, "\(error)")
             return
         }
         let everyCustomer = request.allCustomers == true
         guard everyCustomer != !request.userIds.isEmpty else {
-            self.fail(frame.requestID, .invalidArgument, "user_ids or all_customers: give one of them (user_ids has \(request.userIds.count) ids)")
+            self.refuseWatch(frame.requestID, .invalidArgument, "user_ids or all_customers: give one of them (user_ids has \(request.userIds.count) ids)")
             return
         }
         guard request.userIds.count <= self.configuration.maximumBatchSize else {
-            self.fail(
+            self.refuseWatch(
                 frame.requestID,
                 .resourceExhausted,
                 "user_ids: \(request.userIds.count) users; a watch holds at most \(self.configuration.maximumBatchSize)"
@@ -459,12 +475,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         for (index, userId) in request.userIds.enumerated() {
             if let problem = Validation.problem(userId: userId, field: "user_ids[\(index)]") {
-                self.fail(frame.requestID, .invalidArgument, problem)
+                self.refuseWatch(frame.requestID, .invalidArgument, problem)
                 return
             }
         }
         if let problem = Validation.problem(entitlementIds: request.entitlementIds) {
-            self.fail(frame.requestID, .invalidArgument, problem)
+            self.refuseWatch(frame.requestID, .invalidArgument, problem)
             return
         }
         let requestID = frame.requestID
@@ -475,7 +491,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             // write would create.
             customerIds = Array(Set(try request.userIds.map { try store.customer(for: $0)?.id ?? $0 }))
         } catch {
-            self.fail(requestID, .internalError, "\(error)")
+            self.refuseWatch(requestID, .internalError, "\(error)")
             return
         }
         let hub = self.services.watches
@@ -497,7 +513,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             }
         )
         guard hub.add(watch) else {
-            self.fail(requestID, .resourceExhausted, "the server has \(hub.maximumWatches) watch streams, its maximum; try again later")
+            self.refuseWatch(requestID, .resourceExhausted, "the server has \(hub.maximumWatches) watch streams, its maximum; try again later")
             return
         }
         self.watches[requestID] = watch
@@ -531,7 +547,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 }
             }
         }
-        self.pending[requestID] = timer
+        self.pending[requestID] = Call(timer: timer, method: self.current.method, start: self.current.start)
+        self.metrics.inFlight.increment()
         self.updateReading()
     }
 
@@ -562,10 +579,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         _ body: (inout ByteBuffer) -> FrameFlags?,
         failure: () -> StatusCode
     ) {
-        guard let timer = self.pending.removeValue(forKey: requestID) else {
+        guard let call = self.pending.removeValue(forKey: requestID) else {
             return
         }
-        timer?.cancel()
+        call.timer?.cancel()
         var buffer = self.context.channel.allocator.buffer(capacity: 512)
         buffer.moveWriterIndex(forwardBy: Frame.headerSize)
         buffer.moveReaderIndex(forwardBy: Frame.headerSize)
@@ -573,7 +590,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard buffer.readableBytes <= Frame.defaultMaximumPayloadSize else {
             // Clients accept 1 MiB by default (docs/PROTOCOL.md): a larger answer would be
             // a connection error on their side, failing every call on the connection.
-            self.pending[requestID] = timer
+            self.pending[requestID] = call
             self.fail(
                 requestID,
                 .resourceExhausted,
@@ -587,10 +604,13 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         buffer.moveWriterIndex(to: 0)
         if let flags {
             buffer.writeFrameHeader(type: .response, flags: flags, requestID: requestID, payloadLength: payloadLength)
+            self.metrics.answered(call.method, .ok, since: call.start)
         } else {
             let status = failure()
             buffer.writeFrameHeader(type: .response, status: status, requestID: requestID, payloadLength: payloadLength)
+            self.metrics.answered(call.method, status, since: call.start)
         }
+        self.metrics.inFlight.decrement()
         buffer.moveWriterIndex(to: end)
         self.send(buffer)
         self.afterCompletion()
@@ -598,8 +618,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// Fails a call (pending or not yet accepted) with a status and a message.
     private func fail(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
-        if let timer = self.pending.removeValue(forKey: requestID) {
-            timer?.cancel()
+        if let call = self.pending.removeValue(forKey: requestID) {
+            call.timer?.cancel()
+            self.metrics.inFlight.decrement()
+            self.metrics.answered(call.method, status, since: call.start)
+        } else {
+            self.metrics.answered(self.current.method, status, since: self.current.start)  // refused before it was accepted
         }
         var buffer = self.context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
         buffer.writeFrame(.failure(id: requestID, status: status, message: message))

@@ -22,9 +22,11 @@ final class WatchHub: Sendable {
 
     private let state = Mutex(State())
     let maximumWatches: Int
+    private let metrics: ServerMetrics
 
-    init(maximumWatches: Int) {
+    init(maximumWatches: Int, metrics: ServerMetrics) {
         self.maximumWatches = maximumWatches
+        self.metrics = metrics
     }
 
     var count: Int { self.state.withLock { $0.watches.count } }
@@ -44,6 +46,7 @@ final class WatchHub: Sendable {
             for id in watch.customerIds {
                 state.byCustomer[id, default: []].insert(state.nextID)
             }
+            self.metrics.watchers.increment()
             return true
         }
     }
@@ -54,6 +57,7 @@ final class WatchHub: Sendable {
             guard state.watches.removeValue(forKey: id) != nil else {
                 return
             }
+            self.metrics.watchers.decrement()
             state.everyCustomer.remove(id)
             for customerId in watch.customerIds {
                 state.byCustomer[customerId]?.remove(id)
@@ -105,6 +109,8 @@ final class Watch: @unchecked Sendable {
         var encoded: [UInt8]
         var states: [String: EntitlementState]
         var validUntil: Int64?
+        /// The last write this answer reflects: an older write's event is stale.
+        var sequence: UInt64 = 0
     }
 
     let eventLoop: any EventLoop
@@ -162,8 +168,10 @@ final class Watch: @unchecked Sendable {
     /// arms the timer for the first time change.
     func start(now: Int64) throws {
         for customerId in self.customerIds {
-            let record = try self.store.customer(for: customerId)
-            self.known[customerId] = self.resolve(record, at: now).known
+            let (record, sequence) = try self.store.customerAndSequence(for: customerId)
+            var known = self.resolve(record, at: now).known
+            known.sequence = sequence
+            self.known[customerId] = known
         }
         self.armTimer(now: now)
     }
@@ -175,11 +183,17 @@ final class Watch: @unchecked Sendable {
         guard !self.finished else {
             return
         }
+        if let known = self.known[customerId], known.sequence >= sequence {
+            return  // the answer we hold was read after this write already
+        }
         let now = WallClock.unixMilliseconds()
         let old = self.known[customerId] ?? self.resolve(before, at: now).known
-        let (new, response) = self.resolve(after, at: now)
+        var (new, response) = self.resolve(after, at: now)
+        new.sequence = sequence
         self.update(customerId: customerId, old: old, new: new, response: response, cause: .write, sequence: sequence)
-        self.armTimer(now: now)
+        if !self.finished {
+            self.armTimer(now: now)
+        }
     }
 
     /// The earliest validUntil passed: re-resolve the customers whose answers expired.
@@ -191,13 +205,17 @@ final class Watch: @unchecked Sendable {
         let due = self.known.filter { $0.value.validUntil.map { $0 <= now } ?? false }
         for (customerId, old) in due.sorted(by: { $0.key < $1.key }) {
             let record: CustomerRecord?
+            let sequence: UInt64
             do {
-                record = try self.store.customer(for: customerId)
+                (record, sequence) = try self.store.customerAndSequence(for: customerId)
             } catch {
                 self.finish(.internalError, "cannot read customer \(customerId): \(error)")
                 return
             }
-            let (new, response) = self.resolve(record, at: now)
+            var (new, response) = self.resolve(record, at: now)
+            // A write not yet told to this watch may be in it too; its own event is then
+            // skipped as stale, and this one carries its change.
+            new.sequence = max(old.sequence, sequence)
             self.update(customerId: customerId, old: old, new: new, response: response, cause: .time, sequence: nil)
             if self.finished {
                 return

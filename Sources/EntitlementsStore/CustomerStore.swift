@@ -102,10 +102,24 @@ public final class CustomerStore: Sendable {
         var committedSequence: UInt64
         /// What writers compute against: every queued write.
         var latest = Overlay()
-        /// Unchanged writes waiting for earlier writes they depend on to be durable.
+        /// Writes up to this one are durable, visible, and their ``onCommit`` work is done
+        /// (the server: caches invalidated): what an unchanged write waits for.
+        var acknowledgedSequence: UInt64 = 0
+        /// Writes after `acknowledgedSequence` whose commit work finished early.
+        var finishedEarly: Set<UInt64> = []
+        /// Waiting for `acknowledgedSequence` to reach a sequence (or for the log to fail).
         var barriers: [(sequence: UInt64, resume: @Sendable (_ durable: Bool) -> Void)] = []
+        var logFailed = false
         var compacting = false
         var compactions = 0
+        var onCommit: (@Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void)?
+    }
+
+    /// Work to do when a write has become durable and visible, before it is acknowledged
+    /// (the server drops cached answers and tells watchers); it calls the closure it is
+    /// given when done. Runs on the log's writer thread, in sequence order.
+    public func onCommit(_ work: @escaping @Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void) {
+        self.state.withLock { $0.onCommit = work }
     }
 
     private init(snapshot: SnapshotReader, dataDirectory: String?, log: WriteAheadLog?, lockFD: Int32, options: Options) {
@@ -114,7 +128,8 @@ public final class CustomerStore: Sendable {
         self.dataDirectory = dataDirectory
         self.log = log
         self.lockFD = lockFD
-        self.state = Mutex(State(snapshot: snapshot, committedSequence: snapshot.header.lastLogSequence ?? 0))
+        let covered = snapshot.header.lastLogSequence ?? 0
+        self.state = Mutex(State(snapshot: snapshot, committedSequence: covered, acknowledgedSequence: covered))
     }
 
     deinit {
@@ -196,6 +211,7 @@ public final class CustomerStore: Sendable {
                 state.committed = replayed.committed
                 state.latest = replayed.latest
                 state.committedSequence = replayed.committedSequence
+                state.acknowledgedSequence = replayed.committedSequence
             }
         }
         return store
@@ -275,6 +291,14 @@ public final class CustomerStore: Sendable {
         }
     }
 
+    /// The customer's record and the sequence of the last write it reflects, read
+    /// together (watch streams compare later writes' sequences with it).
+    public func customerAndSequence(for userId: String) throws -> (CustomerRecord?, UInt64) {
+        try self.state.withLock { state in
+            (try state.committed.customer(for: userId, snapshot: state.snapshot), state.committedSequence)
+        }
+    }
+
     // MARK: Writing
 
     /// Validates and applies `mutation`, received at `now`. `completion` runs once the
@@ -291,6 +315,9 @@ public final class CustomerStore: Sendable {
             return
         }
         let immediate: Result<WriteOutcome, any Error>? = self.state.withLock { state in
+            if state.logFailed, let failure = log.failure {
+                return .failure(WriteRefusal(.unavailable, "the log failed (\(failure)); restart the server to replay it"))
+            }
             let snapshot = state.snapshot
             let effect: WriteEffect
             do {
@@ -301,7 +328,7 @@ public final class CustomerStore: Sendable {
             guard effect.changed else {
                 let outcome = WriteOutcome(customerId: effect.customerId, sequence: nil, created: false, committed: nil)
                 let waitFor = log.nextSequence - 1
-                if waitFor <= state.committedSequence {
+                if waitFor <= state.acknowledgedSequence {
                     return .success(outcome)
                 }
                 state.barriers.append((waitFor, { durable in
@@ -314,8 +341,17 @@ public final class CustomerStore: Sendable {
                 sequence = try log.enqueue(effect.logged, recordedDate: now) { result in
                     switch result {
                     case .success(let sequence):
-                        let committed = self.commit(effect, sequence: sequence)
-                        completion(.success(WriteOutcome(customerId: effect.customerId, sequence: sequence, created: effect.created, committed: committed)))
+                        let (committed, hook) = self.commit(effect, sequence: sequence)
+                        let outcome = WriteOutcome(customerId: effect.customerId, sequence: sequence, created: effect.created, committed: committed)
+                        let finish: @Sendable () -> Void = {
+                            self.acknowledge(sequence)
+                            completion(.success(outcome))
+                        }
+                        if let hook {
+                            hook(committed, finish)
+                        } else {
+                            finish()
+                        }
                     case .failure(let error):
                         self.failBarriers()
                         completion(.failure(WriteRefusal(.unavailable, "the write was not stored: \(error)")))
@@ -341,8 +377,8 @@ public final class CustomerStore: Sendable {
     }
 
     /// Makes a durable write visible to readers (log writer thread, in sequence order).
-    private func commit(_ effect: WriteEffect, sequence: UInt64) -> CommittedWrite {
-        let (before, released) = self.state.withLock { state -> ([String: CustomerRecord?], [@Sendable (Bool) -> Void]) in
+    private func commit(_ effect: WriteEffect, sequence: UInt64) -> (CommittedWrite, (@Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void)?) {
+        let (before, hook) = self.state.withLock { state in
             var before: [String: CustomerRecord?] = [:]
             let snapshot = state.snapshot
             for id in effect.records.keys {
@@ -350,22 +386,36 @@ public final class CustomerStore: Sendable {
             }
             state.committed.apply(effect, sequence: sequence)
             state.committedSequence = sequence
+            return (before, state.onCommit)
+        }
+        return (CommittedWrite(sequence: sequence, effect: effect, before: before), hook)
+    }
+
+    /// A write's commit work is done: advance the acknowledged sequence over every write
+    /// finished in order, and release what waited for it.
+    private func acknowledge(_ sequence: UInt64) {
+        let released = self.state.withLock { state -> [@Sendable (Bool) -> Void] in
+            state.finishedEarly.insert(sequence)
+            while state.finishedEarly.remove(state.acknowledgedSequence + 1) != nil {
+                state.acknowledgedSequence += 1
+            }
             var released: [@Sendable (Bool) -> Void] = []
+            let acknowledged = state.acknowledgedSequence
             state.barriers.removeAll { barrier in
-                guard barrier.sequence <= sequence else { return false }
+                guard barrier.sequence <= acknowledged else { return false }
                 released.append(barrier.resume)
                 return true
             }
-            return (before, released)
+            return released
         }
         released.forEach { $0(true) }
-        return CommittedWrite(sequence: sequence, effect: effect, before: before)
     }
 
     /// The log failed: nothing queued will become durable, so nothing waiting on it may
     /// succeed.
     private func failBarriers() {
         let released = self.state.withLock { state in
+            state.logFailed = true
             let released = state.barriers.map(\.resume)
             state.barriers.removeAll()
             return released
@@ -458,13 +508,14 @@ public final class CustomerStore: Sendable {
     /// Returns false if the log failed first.
     private func waitUntilCommitted(_ sequence: UInt64) async -> Bool {
         await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let done = self.state.withLock { state -> Bool in
-                if state.committedSequence >= sequence { return true }
+            let done = self.state.withLock { state -> Bool? in
+                if state.logFailed { return false }
+                if state.acknowledgedSequence >= sequence { return true }
                 state.barriers.append((sequence, { continuation.resume(returning: $0) }))
-                return false
+                return nil
             }
-            if done {
-                continuation.resume(returning: true)
+            if let done {
+                continuation.resume(returning: done)
             }
         }
     }
@@ -553,9 +604,11 @@ struct Overlay: Sendable {
     var aliases: [String: AliasEntry] = [:]
 
     func find(_ userId: String) -> Found {
-        if let entry = self.customers[userId] {
+        let entry = self.customers[userId]
+        if let entry, entry.record != nil {
             return .record(entry.record)
         }
+        // A deleted customer's id may since have become another customer's alias.
         if let alias = self.aliases[userId] {
             guard let owner = alias.owner else {
                 return .record(nil)
@@ -564,6 +617,9 @@ struct Overlay: Sendable {
                 return .record(entry.record)
             }
             return .snapshotId(owner)
+        }
+        if entry != nil {
+            return .record(nil)  // deleted
         }
         return .notWritten
     }

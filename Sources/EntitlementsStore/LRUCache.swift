@@ -24,6 +24,22 @@ public struct LRUCache: Sendable {
         public var bytes: Int = 0
         /// Current entries.
         public var entries: Int = 0
+
+        /// All zero.
+        public init() {}
+
+        /// The sum of two shards' statistics.
+        public static func + (a: Self, b: Self) -> Self {
+            var sum = a
+            sum.hits += b.hits
+            sum.misses += b.misses
+            sum.expirations += b.expirations
+            sum.evictions += b.evictions
+            sum.insertions += b.insertions
+            sum.bytes += b.bytes
+            sum.entries += b.entries
+            return sum
+        }
     }
 
     /// Bytes charged per entry on top of its strings and encoded answer: the dictionary

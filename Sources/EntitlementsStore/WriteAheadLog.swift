@@ -62,6 +62,10 @@ public final class WriteAheadLog: Sendable {
     static let headerSize = 16
     static let segmentPrefix = "log-"
     static let segmentSuffix = ".wal"
+    /// A batch holds at most this many bytes: the writer starts a new batch past
+    /// `batchTarget`, and one record is at most a frame (64 MiB at most).
+    static let maximumBatchBytes: UInt64 = 128 << 20
+    static let batchTarget = 16 << 20
 
     /// The directory of segments.
     public let directory: String
@@ -130,21 +134,21 @@ public final class WriteAheadLog: Sendable {
                 guard segmentFD >= 0 else {
                     throw SnapshotError(code: .io, path: segment.path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
                 }
-                let part: Replay
-                do {
-                    part = try Self.replay(fd: segmentFD, path: segment.path, after: replay.lastSequence, visit: visit)
-                } catch {
-                    Glibc.close(segmentFD)
-                    throw error
-                }
-                if let torn = part.tornOffset, !isLast {
+                if index > 0, segment.firstSequence > max(replay.lastSequence, lastSnapshotSequence) + 1 {
                     Glibc.close(segmentFD)
                     throw SnapshotError(
                         code: .corrupt,
                         path: segment.path,
-                        offset: torn,
-                        reason: "a damaged batch at the end of a segment that is not the last; acknowledged writes follow it in later segments, so start-up stops"
+                        reason: "the segment starts at sequence \(segment.firstSequence), but the log before it ends at \(max(replay.lastSequence, lastSnapshotSequence)): writes in between are missing"
                     )
+                }
+                let part: Replay
+                do {
+                    // Only the last segment may end in a torn batch; anywhere else it is damage.
+                    part = try Self.replay(fd: segmentFD, path: segment.path, after: replay.lastSequence, mayTear: isLast, visit: visit)
+                } catch {
+                    Glibc.close(segmentFD)
+                    throw error
                 }
                 replay.records += part.records
                 replay.lastSequence = max(replay.lastSequence, part.lastSequence)
@@ -196,7 +200,7 @@ public final class WriteAheadLog: Sendable {
             throw SnapshotError(code: .io, path: path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
         }
         defer { Glibc.close(fd) }
-        return try Self.replay(fd: fd, path: path, after: 0, visit: nil)
+        return try Self.replay(fd: fd, path: path, after: 0, mayTear: true, visit: nil)
     }
 
     private init(directory: String, syncMode: SyncMode, state: State) {
@@ -212,6 +216,9 @@ public final class WriteAheadLog: Sendable {
             }
         }
     }
+
+    /// Why the log stopped taking appends, if it did (a failed write or fsync).
+    public var failure: String? { self.state.withLock { $0.failure } }
 
     /// The sequence number the next append gets.
     public var nextSequence: UInt64 { self.state.withLock { $0.nextSequence } }
@@ -347,17 +354,21 @@ public final class WriteAheadLog: Sendable {
                 return (items, state.closed)
             }
             var run: [(bytes: [UInt8], sequence: UInt64, completion: Completion)] = []
+            var runBytes = 0
             for item in items {
                 switch item {
                 case .record(let bytes, let sequence, let completion):
                     run.append((bytes, sequence, completion))
-                    if self.syncMode == .always {
+                    runBytes += bytes.count + 4
+                    if self.syncMode == .always || runBytes >= Self.batchTarget {
                         self.writeBatch(run)
                         run.removeAll()
+                        runBytes = 0
                     }
                 case .rotate(let firstSequence, let completion):
                     self.writeBatch(run)
                     run.removeAll()
+                    runBytes = 0
                     completion(self.startSegment(firstSequence: firstSequence))
                 }
             }
@@ -421,6 +432,19 @@ public final class WriteAheadLog: Sendable {
 
     /// Creates the next segment and makes it the one written to.
     private func startSegment(firstSequence: UInt64) -> Result<String, any Error> {
+        let (failure, current, isEmpty) = self.state.withLock { state in
+            (state.failure, state.segments.last, state.offset == UInt64(Self.headerSize))
+        }
+        if let failure {
+            // After a failed write the current segment may end in a torn batch: a segment
+            // after it would make that damage in the middle of the log.
+            return .failure(SnapshotError(code: .io, path: self.directory, reason: "the log failed earlier: \(failure)"))
+        }
+        if let current, isEmpty {
+            // Nothing was written since the last rotation: the current segment already
+            // starts at this sequence. (A second segment of the same name would replace it.)
+            return .success(current.path)
+        }
         do {
             let segment = try Self.createSegment(in: self.directory, firstSequence: firstSequence)
             let fd = Glibc.open(segment.path, O_RDWR | O_CLOEXEC)
@@ -446,6 +470,9 @@ public final class WriteAheadLog: Sendable {
     private static func createSegment(in directory: String, firstSequence: UInt64) throws -> Segment {
         let digits = String(firstSequence)
         let path = "\(directory)/\(Self.segmentPrefix)\(String(repeating: "0", count: max(0, 20 - digits.count)))\(digits)\(Self.segmentSuffix)"
+        guard access(path, F_OK) != 0 else {
+            throw SnapshotError(code: .io, path: path, reason: "the log segment exists already; refusing to replace it")
+        }
         let temporary = path + ".tmp"
         let file = try FileDescriptor.create(temporary)
         var header = Self.magic
@@ -503,7 +530,7 @@ public final class WriteAheadLog: Sendable {
     // MARK: Replay
 
     /// Reads every batch; cuts off a torn last batch; throws for damage before the tail.
-    static func replay(fd: Int32, path: String, after previousSequence: UInt64, visit: ((LogRecord) throws -> Void)?) throws -> Replay {
+    static func replay(fd: Int32, path: String, after previousSequence: UInt64, mayTear: Bool, visit: ((LogRecord) throws -> Void)?) throws -> Replay {
         let size = UInt64(lseek(fd, 0, SEEK_END))
         var replay = Replay(records: [], tornBytes: 0, tornOffset: nil, batches: 0)
         guard size > 0 else {
@@ -523,21 +550,51 @@ public final class WriteAheadLog: Sendable {
         }
         var offset = UInt64(Self.headerSize)
         var lastSequence = previousSequence
+        /// The end of the log is an incomplete batch: cut it off, if this segment may end so.
+        func tear(at offset: UInt64) throws -> Replay {
+            guard mayTear else {
+                throw SnapshotError(
+                    code: .corrupt,
+                    path: path,
+                    offset: offset,
+                    reason: "a damaged batch at the end of a segment that is not the last; acknowledged writes follow it in later segments, so start-up stops"
+                )
+            }
+            return try Self.tear(fd: fd, path: path, replay: &replay, at: offset, size: size)
+        }
         while offset < size {
             let batchStart = offset
-            // A batch that does not fit, or fails its checksum, is torn if nothing follows.
+            // A batch cut short by a crash (one pwrite, so what is there is its start, with
+            // the right length) is torn; nothing follows it.
             guard size - offset >= 8, let head = read(8, at: offset) else {
-                return try Self.tear(fd: fd, path: path, replay: &replay, at: batchStart, size: size)
+                return try tear(at: batchStart)
             }
             let length = UInt64(head.withUnsafeBytes { $0.littleEndian(at: 0, as: UInt32.self) })
             let stored = head.withUnsafeBytes { $0.littleEndian(at: 4, as: UInt32.self) }
+            guard length > 0 else {
+                // The writer never writes an empty batch. Zeros to the end are a file the
+                // system extended but never filled (a crash); anything else is damage.
+                let rest = read(Int(size - offset), at: offset) ?? [1]
+                if rest.allSatisfy({ $0 == 0 }) {
+                    return try tear(at: batchStart)
+                }
+                throw SnapshotError(code: .corrupt, path: path, offset: batchStart, reason: "an empty log batch with data after it")
+            }
+            guard length <= Self.maximumBatchBytes else {
+                throw SnapshotError(
+                    code: .corrupt,
+                    path: path,
+                    offset: batchStart,
+                    reason: "a log batch declares \(length) bytes; batches are at most \(Self.maximumBatchBytes)"
+                )
+            }
             guard offset + 8 + length <= size, let payload = read(Int(length), at: offset + 8) else {
-                return try Self.tear(fd: fd, path: path, replay: &replay, at: batchStart, size: size)
+                return try tear(at: batchStart)
             }
             let computed = payload.withUnsafeBytes { CRC32C.checksum($0) }
             guard computed == stored else {
                 if offset + 8 + length == size {
-                    return try Self.tear(fd: fd, path: path, replay: &replay, at: batchStart, size: size)
+                    return try tear(at: batchStart)
                 }
                 throw SnapshotError(
                     code: .corrupt,

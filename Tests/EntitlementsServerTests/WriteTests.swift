@@ -191,14 +191,22 @@ struct WriteTests {
         let connection = try RawConnection(port: fixture.port)
         connection.send([RawConnection.request(1, WatchEntitlementsRequest(), method: .watchEntitlements)])
         let invalid = try connection.receive()
-        #expect(invalid?.status == .invalidArgument && invalid?.message.hasPrefix("user_ids or all_customers") == true)
+        #expect(invalid?.type == .endOfStream && invalid?.status == .invalidArgument && invalid?.message.hasPrefix("user_ids or all_customers") == true)
         connection.send([RawConnection.request(2, WatchEntitlementsRequest(userIds: ["user-1"]), method: .watchEntitlements)])
         connection.send([RawConnection.request(3, WatchEntitlementsRequest(userIds: ["user-2"]), method: .watchEntitlements)])
         let refused = try connection.receive()
-        #expect(refused?.requestID == 3 && refused?.status == .resourceExhausted)
+        #expect(refused?.requestID == 3 && refused?.type == .endOfStream && refused?.status == .resourceExhausted)
         connection.send([Frame(type: .cancel, requestID: 2)])
         let cancelled = try connection.receive()
         #expect(cancelled?.type == .endOfStream && cancelled?.status == .cancelled)
+        // Through the client, a refused watch ends the sequence with the error.
+        let client = fixture.client()
+        await #expect {
+            for try await _ in try await client.watch(WatchEntitlementsRequest(userIds: [""])) {}
+        } throws: { error in
+            (error as! EntitlementsClientError) == EntitlementsClientError(code: .invalidArgument, message: "user_ids[0]: must not be empty")
+        }
+        await client.close()
         try await fixture.stop()
     }
 }

@@ -267,6 +267,39 @@ struct CustomerStoreTests {
         store.close()
     }
 
+    @Test("compacting twice with no write between keeps the segment being written (and every later write)")
+    func compactTwice() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        do {
+            let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+            _ = try await store.compact(hotList: [], now: now)
+            _ = try await store.compact(hotList: [], now: now)
+            _ = try await store.write(WriteWorld.purchase("alice", "t1"))
+            _ = try await store.compact(hotList: [], now: now)
+            _ = try await store.compact(hotList: [], now: now)
+            _ = try await store.write(WriteWorld.purchase("bob", "t2"))
+            store.close()
+        }
+        let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+        #expect(try store.isActive("alice") && store.isActive("bob"))
+        store.close()
+    }
+
+    @Test("a deleted customer's id may become another customer's alias, before and after compaction")
+    func deletedIdBecomesAlias() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let (store, _) = try CustomerStore.open(dataDirectory: scratch.file("data"), seed: seed)
+        _ = try await store.write(.deleteCustomer(DeleteCustomerRequest(userId: "bob")))
+        _ = try await store.write(.linkAlias(LinkAliasRequest(userId: "alice", alias: "bob")))
+        #expect(try store.customer(for: "bob")?.id == "alice")
+        _ = try await store.compact(hotList: [], now: now)
+        #expect(try store.customer(for: "bob")?.id == "alice")
+        store.close()
+    }
+
     @Test("a torn last batch is dropped at open and reported")
     func tornTail() async throws {
         let scratch = try ScratchDirectory()

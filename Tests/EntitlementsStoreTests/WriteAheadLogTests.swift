@@ -158,6 +158,48 @@ struct WriteAheadLogTests {
         }
     }
 
+    @Test("damage at the end of a segment that is not the last stops start-up and cuts nothing")
+    func tornMiddleSegment() async throws {
+        let scratch = try ScratchDirectory()
+        let directory = scratch.file("log")
+        let (log, _) = try WriteAheadLog.open(directory: directory)
+        _ = try await log.append(Self.grant(0), recordedDate: now)
+        _ = try await log.append(Self.grant(1), recordedDate: now)
+        _ = try await log.rotate()
+        _ = try await log.append(Self.grant(2), recordedDate: now)
+        log.closeAndWait()
+        let first = directory + "/log-00000000000000000001.wal"
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: first))
+        try bytes.dropLast(2).write(to: URL(fileURLWithPath: first))
+        #expect {
+            try WriteAheadLog.open(directory: directory)
+        } throws: { error in
+            "\(error)".contains("a damaged batch at the end of a segment that is not the last")
+        }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: first)).count == bytes.count - 2)
+    }
+
+    @Test("zeros after the last batch are a crash's leftovers; an empty batch with data after it is damage")
+    func zeroTail() async throws {
+        let scratch = try ScratchDirectory()
+        let directory = scratch.file("log")
+        let path = directory + "/log-00000000000000000001.wal"
+        let (log, _) = try WriteAheadLog.open(directory: directory)
+        _ = try await log.append(Self.grant(0), recordedDate: now)
+        log.closeAndWait()
+        let intact = try Data(contentsOf: URL(fileURLWithPath: path))
+        try (intact + Data(repeating: 0, count: 4096)).write(to: URL(fileURLWithPath: path))
+        let (reopened, replay) = try WriteAheadLog.open(directory: directory)
+        #expect(replay.records.count == 1 && replay.tornBytes == 4096)
+        reopened.closeAndWait()
+        try (intact + Data(repeating: 0, count: 8) + intact.dropFirst(WriteAheadLog.headerSize)).write(to: URL(fileURLWithPath: path))
+        #expect {
+            try WriteAheadLog.open(directory: directory)
+        } throws: { error in
+            "\(error)".contains("an empty log batch with data after it")
+        }
+    }
+
     @Test("fsync always: one batch per write, and every write durable")
     func syncAlways() async throws {
         let scratch = try ScratchDirectory()

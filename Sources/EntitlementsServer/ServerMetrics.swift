@@ -1,0 +1,119 @@
+public import CoreMetrics
+import EntitlementsStore
+public import EntitlementsWire
+import Metrics
+public import NIOCore
+import Synchronization
+
+/// The server's metrics (docs/operations.md, "Metrics"), through swift-metrics: the
+/// `serve` command backs them with swift-prometheus; with the default factory they cost
+/// next to nothing.
+///
+/// Per-request metrics are created once, up front (a counter per method and status, a
+/// timer per method), so recording a request is a few atomic operations, no lookups.
+public final class ServerMetrics: Sendable {
+    /// Latency histogram buckets, from 10 microseconds: a cache hit is answered in tens.
+    public static let latencyBuckets: [Duration] = [
+        .microseconds(10), .microseconds(25), .microseconds(50), .microseconds(100), .microseconds(250),
+        .microseconds(500), .milliseconds(1), .microseconds(2_500), .milliseconds(5), .milliseconds(10),
+        .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500),
+        .seconds(1), .microseconds(2_500_000), .seconds(5), .seconds(10),
+    ]
+
+    private static let methods = MethodID.all
+    private static let statusCount = 17
+
+    private let requests: [[Counter]]
+    private let latency: [Timer]
+    private let otherRequests: Counter
+    let inFlight: Meter
+    let connections: Meter
+    let watchers: Meter
+    private let cacheHits: Counter
+    private let cacheMisses: Counter
+    private let cacheEvictions: Counter
+    private let cacheExpirations: Counter
+    private let cacheBytes: Meter
+    private let cacheEntries: Meter
+    private let snapshotAge: Meter
+    private let logBytes: Meter
+    private let logSequence: Meter
+    private let overlayCustomers: Meter
+    private let ready: Meter
+    private let factory: any MetricsFactory
+    /// The cache counters at the previous refresh: Prometheus counters only go up, so each
+    /// refresh adds what happened since.
+    private let lastCache = Mutex(LRUCache.Statistics())
+    private let snapshotLabel = Mutex<(String, Meter)?>(nil)
+
+    public init(factory: any MetricsFactory = MetricsSystem.factory) {
+        self.factory = factory
+        self.requests = Self.methods.map { method in
+            (0..<Self.statusCount).map { status in
+                Counter(
+                    label: "entitlements_requests_total",
+                    dimensions: [("method", "\(method)"), ("status", "\(StatusCode(rawValue: UInt8(status))!)")],
+                    factory: factory
+                )
+            }
+        }
+        self.otherRequests = Counter(label: "entitlements_requests_total", dimensions: [("method", "unknown"), ("status", "UNIMPLEMENTED")], factory: factory)
+        self.latency = Self.methods.map { method in
+            Timer(label: "entitlements_request_duration_seconds", dimensions: [("method", "\(method)")], factory: factory)
+        }
+        self.inFlight = Meter(label: "entitlements_requests_in_flight", factory: factory)
+        self.connections = Meter(label: "entitlements_connections", factory: factory)
+        self.watchers = Meter(label: "entitlements_watch_streams", factory: factory)
+        self.cacheHits = Counter(label: "entitlements_cache_hits_total", factory: factory)
+        self.cacheMisses = Counter(label: "entitlements_cache_misses_total", factory: factory)
+        self.cacheEvictions = Counter(label: "entitlements_cache_evictions_total", factory: factory)
+        self.cacheExpirations = Counter(label: "entitlements_cache_expirations_total", factory: factory)
+        self.cacheBytes = Meter(label: "entitlements_cache_bytes", factory: factory)
+        self.cacheEntries = Meter(label: "entitlements_cache_entries", factory: factory)
+        self.snapshotAge = Meter(label: "entitlements_snapshot_age_seconds", factory: factory)
+        self.logBytes = Meter(label: "entitlements_log_bytes", factory: factory)
+        self.logSequence = Meter(label: "entitlements_log_sequence", factory: factory)
+        self.overlayCustomers = Meter(label: "entitlements_overlay_customers", factory: factory)
+        self.ready = Meter(label: "entitlements_ready", factory: factory)
+    }
+
+    /// Counts an answered request and its latency (from when its frame was read).
+    func answered(_ method: MethodID, _ status: StatusCode, since start: NIODeadline) {
+        guard let index = Self.methods.firstIndex(of: method) else {
+            self.otherRequests.increment()
+            return
+        }
+        self.requests[index][Int(status.rawValue)].increment()
+        self.latency[index].recordNanoseconds((NIODeadline.now() - start).nanoseconds)
+    }
+
+    /// Sets the values read at scrape time: the caches, the snapshot, the log.
+    func refresh(cache: LRUCache.Statistics, store: CustomerStore, now: Int64, isReady: Bool) {
+        let previous = self.lastCache.withLock { last in
+            defer { last = cache }
+            return last
+        }
+        self.cacheHits.increment(by: Int64(cache.hits &- previous.hits))
+        self.cacheMisses.increment(by: Int64(cache.misses &- previous.misses))
+        self.cacheEvictions.increment(by: Int64(cache.evictions &- previous.evictions))
+        self.cacheExpirations.increment(by: Int64(cache.expirations &- previous.expirations))
+        self.cacheBytes.set(cache.bytes)
+        self.cacheEntries.set(cache.entries)
+        let header = store.snapshot.header
+        self.snapshotAge.set(Double(max(0, now - (header.createdDate ?? now))) / 1_000)
+        self.logBytes.set(Int(store.logBytes))
+        self.logSequence.set(Int(store.committedSequence))
+        self.overlayCustomers.set(store.overlayCount)
+        self.ready.set(isReady ? 1 : 0)
+        // The snapshot's id as a label of a gauge that is 1, the Prometheus idiom for text.
+        let id = header.snapshotId ?? "-"
+        self.snapshotLabel.withLock { current in
+            if current?.0 != id {
+                current?.1.destroy()
+                let meter = Meter(label: "entitlements_snapshot_info", dimensions: [("snapshot_id", id)], factory: self.factory)
+                meter.set(1)
+                current = (id, meter)
+            }
+        }
+    }
+}

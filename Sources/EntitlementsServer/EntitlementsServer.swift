@@ -41,6 +41,8 @@ final class ServerServices: Sendable {
     let health: ServerHealth
     let connections: ConnectionCounter
     let metrics: ServerMetrics
+    /// Every open connection, to close them at once when a drain is cut short.
+    let channels = Mutex<[ObjectIdentifier: any Channel]>([:])
     /// Where background work (compaction) reports.
     let report: @Sendable (String) -> Void
 
@@ -212,9 +214,12 @@ public final class EntitlementsServer: Sendable {
                         return
                     }
                     services.metrics.connections.increment()
+                    let id = ObjectIdentifier(channel)
+                    services.channels.withLock { $0[id] = channel }
                     channel.closeFuture.whenComplete { _ in
                         services.connections.release()
                         services.metrics.connections.decrement()
+                        services.channels.withLock { $0[id] = nil }
                     }
                     let progress = FrameProgress()
                     try channel.pipeline.syncOperations.addHandlers(
@@ -278,6 +283,19 @@ public final class EntitlementsServer: Sendable {
         }
         return result == 0
     }
+
+    /// Closes every connection now, answered or not (a drain that ran out of time).
+    public func closeAllConnections() {
+        for channel in self.services.channels.withLock({ Array($0.values) }) {
+            channel.close(promise: nil)
+        }
+    }
+
+    /// Whether the server serves checks (false once a drain has started).
+    public var isServing: Bool { self.health.isServing }
+
+    /// Open connections.
+    public var connectionCount: Int { self.services.connections.count }
 
     /// Stops accepting, sends GOAWAY on every connection, lets each finish the requests it
     /// accepted, and returns when every connection and listener is closed.

@@ -9,8 +9,9 @@ import Synchronization
 /// `serve` command backs them with swift-prometheus; with the default factory they cost
 /// next to nothing.
 ///
-/// Per-request metrics are created once, up front (a counter per method and status, a
-/// timer per method), so recording a request is a few atomic operations, no lookups.
+/// Per-request metrics: a timer per method, created up front, and a counter per method and
+/// status, created the first time that pair happens (so /metrics lists what occurred, not
+/// 187 zeros); recording a request is an uncontended lock and a few atomic operations.
 public final class ServerMetrics: Sendable {
     /// Latency histogram buckets, from 10 microseconds: a cache hit is answered in tens.
     public static let latencyBuckets: [Duration] = [
@@ -23,7 +24,7 @@ public final class ServerMetrics: Sendable {
     private static let methods = MethodID.all
     private static let statusCount = 17
 
-    private let requests: [[Counter]]
+    private let requests: Mutex<[[Counter?]]>
     private let latency: [Timer]
     private let otherRequests: Counter
     let inFlight: Meter
@@ -48,15 +49,7 @@ public final class ServerMetrics: Sendable {
 
     public init(factory: any MetricsFactory = MetricsSystem.factory) {
         self.factory = factory
-        self.requests = Self.methods.map { method in
-            (0..<Self.statusCount).map { status in
-                Counter(
-                    label: "entitlements_requests_total",
-                    dimensions: [("method", "\(method)"), ("status", "\(StatusCode(rawValue: UInt8(status))!)")],
-                    factory: factory
-                )
-            }
-        }
+        self.requests = Mutex(Self.methods.map { _ in [Counter?](repeating: nil, count: Self.statusCount) })
         self.otherRequests = Counter(label: "entitlements_requests_total", dimensions: [("method", "unknown"), ("status", "UNIMPLEMENTED")], factory: factory)
         self.latency = Self.methods.map { method in
             Timer(label: "entitlements_request_duration_seconds", dimensions: [("method", "\(method)")], factory: factory)
@@ -83,7 +76,20 @@ public final class ServerMetrics: Sendable {
             self.otherRequests.increment()
             return
         }
-        self.requests[index][Int(status.rawValue)].increment()
+        let factory = self.factory
+        let counter = self.requests.withLock { requests in
+            if let counter = requests[index][Int(status.rawValue)] {
+                return counter
+            }
+            let counter = Counter(
+                label: "entitlements_requests_total",
+                dimensions: [("method", "\(method)"), ("status", "\(status)")],
+                factory: factory
+            )
+            requests[index][Int(status.rawValue)] = counter
+            return counter
+        }
+        counter.increment()
         self.latency[index].recordNanoseconds((NIODeadline.now() - start).nanoseconds)
     }
 

@@ -2,7 +2,14 @@ import ArgumentParser
 import Dispatch
 import EntitlementsServer
 import EntitlementsStore
+import Foundation
+import Logging
+import NIOCore
 import NIOPosix
+import Prometheus
+import ServiceLifecycle
+import Synchronization
+import UnixSignals
 
 #if canImport(Glibc)
 import Glibc
@@ -10,117 +17,162 @@ import Glibc
 import Darwin
 #endif
 
-/// `entitlements serve`: answer CheckEntitlements over TCP and/or a Unix socket.
+/// `entitlements serve`: answer CheckEntitlements over TCP and/or a Unix socket, take
+/// writes with a data directory, and expose /healthz, /readyz and /metrics with --admin.
 struct ServeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "serve",
-        abstract: "Serve entitlement checks from a snapshot (docs/PROTOCOL.md).",
-        discussion: "SIGINT or SIGTERM drains: GOAWAY to every connection, accepted requests are answered, then exit 0."
+        abstract: "Serve entitlement checks (docs/server.md, docs/operations.md).",
+        discussion: """
+            Every option may also come from the environment (ENTITLEMENTS_CACHE_BYTES=64MiB) or a JSON \
+            config file (--config), in that order of precedence after the flags. SIGINT or SIGTERM drains: \
+            GOAWAY to every connection, accepted requests are answered, the log is flushed, exit 0; a second \
+            signal, or --drain-timeout running out, closes what is left and exits 1.
+            """
     )
 
-    @Option(help: "The snapshot to serve (see `entitlements snapshot`). With --data-dir: the seed copied into a new data directory.")
+    @Option(help: "A JSON file of settings, e.g. {\"listen\": \"0.0.0.0:7420\", \"cache-bytes\": \"1GiB\"}.")
+    var config: String?
+
+    @Flag(help: "Print the effective settings (and where each came from), then exit.")
+    var printConfig = false
+
+    @Option(help: "The snapshot to serve read-only; with --data-dir, the seed of a new data directory.")
     var snapshot: String?
-
-    @Option(help: "The data directory: snapshot, write-ahead log, lock (docs/durability.md). Without it the server is read-only.")
+    @Option(help: "The data directory (snapshot, write-ahead log); enables writes. See docs/durability.md.")
     var dataDir: String?
-
-    @Option(help: "When the log fsyncs: batch (group commit, default) or always (one fsync per write). Both are safe.")
-    var fsync: String = "batch"
-
-    @Option(help: "Compact when the log reaches this size, e.g. 64MiB; 0 compacts only when asked.")
-    var compactAfter: String = "64MiB"
-
-    @Option(help: "TCP address to listen on, HOST:PORT; port 0 picks a free port.")
-    var listen: String = "127.0.0.1:7420"
-
+    @Option(help: "When the log fsyncs: batch (group commit, default) or always. Both are safe.")
+    var fsync: String?
+    @Option(help: "Compact when the log reaches this size (default 64MiB); 0 compacts only when asked.")
+    var compactAfter: String?
+    @Option(help: "TCP address to listen on, HOST:PORT (default 127.0.0.1:7420); port 0 picks a free port.")
+    var listen: String?
     @Option(help: "Also listen on this Unix domain socket (for sidecars).")
     var unix: String?
-
     @Flag(help: "Do not listen on TCP (with --unix).")
     var noTcp = false
-
     @Option(help: "Resolver actors, each owning a cache shard. Default: CPU cores.")
-    var resolvers: Int?
+    var resolvers: String?
+    @Option(help: "Cache budget, e.g. 64MiB, 1GiB or a number of bytes (default 256MiB).")
+    var cacheBytes: String?
+    @Option(help: "The largest frame payload accepted, in bytes (default 1048576).")
+    var maxFrameBytes: String?
+    @Option(help: "Connections open at once (default 10000); more get RESOURCE_EXHAUSTED.")
+    var maxConnections: String?
+    @Option(help: "Calls in flight per connection before the server stops reading it (default 1024).")
+    var maxInFlight: String?
+    @Option(help: "Users in one BatchCheckEntitlements or watch (default 1000).")
+    var maxBatch: String?
+    @Option(help: "WatchEntitlements streams open at once (default 1024).")
+    var maxWatches: String?
+    @Option(help: "Events a watch holds for a client that does not read, before ending it (default 1024).")
+    var watchBuffer: String?
+    @Option(help: "Close connections idle this long, e.g. 300s (default), 5m.")
+    var idleTimeout: String?
+    @Option(help: "A frame must arrive in full this long after its first byte (default 10s).")
+    var frameTimeout: String?
+    @Option(help: "Time to finish accepted calls after SIGTERM/SIGINT (default 30s).")
+    var drainTimeout: String?
+    @Option(help: "Admin HTTP listener HOST:PORT for /healthz, /readyz and /metrics; off by default. Keep it on loopback.")
+    var admin: String?
+    @Option(help: "trace, debug, info (default), notice, warning, error or critical.")
+    var logLevel: String?
 
-    @Option(help: "Cache budget, e.g. 64MiB, 1GiB or a number of bytes.")
-    var cacheBytes: String = "256MiB"
+    /// The flags given, by setting name.
+    private var flagValues: [String: String] {
+        var values: [String: String] = [:]
+        let options: [(String, String?)] = [
+            ("snapshot", self.snapshot), ("data-dir", self.dataDir), ("fsync", self.fsync), ("compact-after", self.compactAfter),
+            ("listen", self.listen), ("unix", self.unix), ("resolvers", self.resolvers), ("cache-bytes", self.cacheBytes),
+            ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
+            ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
+            ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
+            ("admin", self.admin), ("log-level", self.logLevel),
+        ]
+        for case let (name, value?) in options {
+            values[name] = value
+        }
+        if self.noTcp {
+            values["no-tcp"] = "true"
+        }
+        return values
+    }
 
-    @Option(help: "The largest frame payload accepted, in bytes.")
-    var maxFrameBytes: Int = 1 << 20
+    private func settings() throws -> ServeSettings {
+        try ServeSettings(flags: self.flagValues, environment: ProcessInfo.processInfo.environment, configFile: self.config)
+    }
 
     func validate() throws {
-        if self.snapshot == nil, self.dataDir == nil {
-            throw ValidationError("give --snapshot FILE (read-only) or --data-dir DIR (with writes), or both to seed a new data directory")
-        }
-        guard WriteAheadLog.SyncMode(rawValue: self.fsync) != nil else {
-            throw ValidationError("--fsync must be batch or always, got \"\(self.fsync)\"")
-        }
-        _ = try Self.parseBytes(self.compactAfter, flag: "--compact-after")
-        if !self.noTcp {
-            _ = try Self.parseAddress(self.listen)
-        } else if self.unix == nil {
-            throw ValidationError("--no-tcp needs --unix PATH, or the server would listen nowhere")
-        }
-        _ = try Self.parseBytes(self.cacheBytes, flag: "--cache-bytes")
-        if let resolvers = self.resolvers, !(1...1_024).contains(resolvers) {
-            throw ValidationError("--resolvers must be 1 to 1024, got \(resolvers)")
-        }
-        guard (1_024...(64 << 20)).contains(self.maxFrameBytes) else {
-            throw ValidationError("--max-frame-bytes must be 1024 to 67108864, got \(self.maxFrameBytes)")
-        }
+        _ = try self.settings().serverConfiguration()
     }
 
     func run() async throws {
+        let settings = try self.settings()
+        let configuration = try settings.serverConfiguration()
+        if self.printConfig {
+            print(settings.printed)
+            return
+        }
+        let level = try settings.logLevel()
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "entitlements")
+        let readiness = Readiness()
+
+        // Metrics: swift-metrics backed by a Prometheus registry, buckets from 10 µs.
+        let registry = PrometheusCollectorRegistry()
+        var factory = PrometheusMetricsFactory(registry: registry)
+        factory.defaultDurationHistogramBuckets = ServerMetrics.latencyBuckets
+        let metrics = ServerMetrics(factory: factory)
+        let running = RunningServer()
+
+        // The admin listener comes first, so that probes see "starting" during replay.
+        var admin: AdminServer?
+        if let (host, port) = try settings.address("admin") {
+            do {
+                admin = try await AdminServer.start(
+                    host: host,
+                    port: port,
+                    endpoints: .init(readiness: readiness.state) {
+                        await running.server?.refreshMetrics()
+                        var bytes: [UInt8] = []
+                        registry.emit(into: &bytes)
+                        return bytes
+                    },
+                    group: .singleton
+                )
+                Self.say("admin listening on \(host):\(admin?.address?.port ?? port)")
+            } catch {
+                Self.say("error: cannot listen on --admin \(host):\(port): \(error)")
+                throw ExitCode(2)
+            }
+        }
+
         let store: CustomerStore
         do {
-            if let dataDir = self.dataDir {
-                let threshold = UInt64(try Self.parseBytes(self.compactAfter, flag: "--compact-after"))
-                let options = CustomerStore.Options(
-                    syncMode: WriteAheadLog.SyncMode(rawValue: self.fsync) ?? .batch,
-                    compactAfterLogBytes: threshold == 0 ? nil : threshold
-                )
-                let started = ContinuousClock.now
-                let (opened, report) = try CustomerStore.open(dataDirectory: dataDir, seed: self.snapshot, options: options)
-                store = opened
-                if report.seeded {
-                    Self.say("data directory \(dataDir) seeded from \(self.snapshot ?? "-")")
-                } else if self.snapshot != nil {
-                    Self.say("data directory \(dataDir) has a snapshot already; --snapshot is ignored")
-                }
-                for path in report.removedTemporaryFiles {
-                    Self.say("removed \(path), left by a compaction that did not finish")
-                }
-                if let torn = report.tornPath {
-                    Self.say("log: dropped a torn last batch in \(torn) at offset \(report.tornOffset ?? 0) (\(report.tornBytes) bytes, never acknowledged)")
-                }
-                Self.say("log replayed: \(report.replayedRecords) writes applied (\(report.skippedRecords) already in the snapshot) in \(started.duration(to: .now))")
-            } else {
-                store = .readOnly(try SnapshotReader(path: self.snapshot!))
-            }
+            store = try Self.openStore(settings)
         } catch {
             Self.say("error: cannot serve: \(error)")
             throw ExitCode(2)
         }
         let reader = store.snapshot
-        let configuration = ServerConfiguration(
-            tcp: self.noTcp ? nil : try Self.parseAddress(self.listen),
-            unixSocketPath: self.unix,
-            resolvers: self.resolvers,
-            cacheBytes: try Self.parseBytes(self.cacheBytes, flag: "--cache-bytes"),
-            maximumPayloadSize: self.maxFrameBytes
-        )
         let server: EntitlementsServer
         do {
-            server = try await EntitlementsServer.start(store: store, configuration: configuration, group: .singleton) { message in
-                Self.say(message)
+            server = try await EntitlementsServer.start(store: store, configuration: configuration, group: .singleton, metrics: metrics) { message in
+                logger.notice("\(message)")
             }
         } catch {
-            let places = [self.noTcp ? nil : self.listen, self.unix.map { "unix:\($0)" }].compactMap { $0 }.joined(separator: " and ")
+            let places = [configuration.tcp.map { "\($0.host):\($0.port)" }, configuration.unixSocketPath.map { "unix:\($0)" }]
+                .compactMap { $0 }.joined(separator: " and ")
             Self.say("error: cannot listen on \(places): \(error)")
             throw ExitCode(2)
         }
+        running.set(server)
         let warm = server.pool.warmup
-        Self.say("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers, \(store.isWritable ? "writes on (fsync \(self.fsync))" : "read-only")")
+        Self.say("serving snapshot \(reader.header.snapshotId ?? "-") (\(reader.header.recordCount) customers) with \(server.pool.resolvers.count) resolvers, \(store.isWritable ? "writes on (fsync \(settings.text("fsync") ?? "batch"))" : "read-only")")
         Self.say("cache warmed: \(warm.customersCached) customers, \(warm.bytes) bytes of \(configuration.cacheBytes)")
         if let address = server.tcpAddress {
             Self.say("listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
@@ -128,10 +180,66 @@ struct ServeCommand: AsyncParsableCommand {
         if let path = server.unixSocketPath {
             Self.say("listening on unix:\(path)")
         }
-        let signal = await Self.waitForSignal()
-        Self.say("received \(signal == SIGTERM ? "SIGTERM" : "SIGINT"): draining")
-        await server.shutdownGracefully()
-        Self.say("stopped")
+        readiness.set(.ready)
+
+        // Lifecycle: the first SIGTERM/SIGINT drains, within --drain-timeout; a second one
+        // (SecondSignal) or the timeout cancels the drain.
+        let drainTimeout = try settings.duration("drain-timeout")
+        let service = EntitlementsService(server: server) {
+            readiness.set(.draining)
+            Self.say("draining: GOAWAY sent, finishing accepted calls (at most \(Double(drainTimeout.nanoseconds) / 1e9) s)")
+        }
+        var groupConfiguration = ServiceGroupConfiguration(
+            services: [
+                .init(service: SecondSignal(), successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
+                .init(service: service),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: logger
+        )
+        groupConfiguration.maximumGracefulShutdownDuration = .nanoseconds(drainTimeout.nanoseconds)
+        let group = ServiceGroup(configuration: groupConfiguration)
+        var cancelledBySignal = false
+        do {
+            try await group.run()
+        } catch is SecondSignal.Received {
+            cancelledBySignal = true
+        } catch {
+            logger.error("service group: \(error)")
+        }
+        await admin?.close()
+        store.close()  // waits for queued writes' fsync
+        if service.drained {
+            Self.say("stopped")
+            return
+        }
+        Self.say(cancelledBySignal
+            ? "second signal: closed \(server.connectionCount) connections without finishing the drain"
+            : "the drain did not finish within --drain-timeout; closed the remaining connections")
+        throw ExitCode(1)
+    }
+
+    static func openStore(_ settings: ServeSettings) throws -> CustomerStore {
+        guard let dataDir = settings.dataDirectory else {
+            return .readOnly(try SnapshotReader(path: settings.snapshot!))
+        }
+        let threshold = UInt64(try settings.bytes("compact-after"))
+        let options = CustomerStore.Options(syncMode: try settings.syncMode(), compactAfterLogBytes: threshold == 0 ? nil : threshold)
+        let started = ContinuousClock.now
+        let (store, report) = try CustomerStore.open(dataDirectory: dataDir, seed: settings.snapshot, options: options)
+        if report.seeded {
+            Self.say("data directory \(dataDir) seeded from \(settings.snapshot ?? "-")")
+        } else if settings.snapshot != nil {
+            Self.say("data directory \(dataDir) has a snapshot already; --snapshot is ignored")
+        }
+        for path in report.removedTemporaryFiles {
+            Self.say("removed \(path), left by a compaction that did not finish")
+        }
+        if let torn = report.tornPath {
+            Self.say("log: dropped a torn last batch in \(torn) at offset \(report.tornOffset ?? 0) (\(report.tornBytes) bytes, never acknowledged)")
+        }
+        Self.say("log replayed: \(report.replayedRecords) writes applied (\(report.skippedRecords) already in the snapshot) in \(started.duration(to: .now))")
+        return store
     }
 
     /// Writes a line to standard output unbuffered, so that a supervisor (or a test)
@@ -147,60 +255,63 @@ struct ServeCommand: AsyncParsableCommand {
             }
         }
     }
+}
 
-    static func waitForSignal() async -> Int32 {
-        let stream = AsyncStream<Int32> { continuation in
-            let sources = [SIGINT, SIGTERM].map { number in
-                signal(number, SIG_IGN)
-                let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-                source.setEventHandler { continuation.yield(number) }
-                source.resume()
-                return source
-            }
-            let keeper = SignalSources(sources)
-            continuation.onTermination = { _ in keeper.cancel() }
-        }
-        for await number in stream {
-            return number
-        }
-        return SIGTERM
+/// Where serve is in its life, for /readyz.
+final class Readiness: Sendable {
+    enum State: Sendable {
+        case starting, ready, draining
     }
 
-    static func parseAddress(_ text: String) throws -> (host: String, port: Int) {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65_535).contains(port) else {
-            throw ValidationError("--listen \"\(text)\" is not HOST:PORT (e.g. 127.0.0.1:7420, [::1]:7420)")
-        }
-        var host = String(text[..<colon])
-        if host.hasPrefix("["), host.hasSuffix("]") {
-            host = String(host.dropFirst().dropLast())
-        }
-        guard !host.isEmpty else {
-            throw ValidationError("--listen \"\(text)\" has no host")
-        }
-        return (host, port)
+    private let current = Mutex(State.starting)
+
+    func set(_ state: State) {
+        self.current.withLock { $0 = state }
     }
 
-    static func parseBytes(_ text: String, flag: String) throws -> Int {
-        let units: [(String, Int)] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1), ("", 1)]
-        for (suffix, multiplier) in units where text.hasSuffix(suffix) {
-            if let value = Int(text.dropLast(suffix.count)), value >= 0, value <= Int.max / multiplier {
-                return value * multiplier
-            }
+    func state() -> (ready: Bool, reason: String) {
+        switch self.current.withLock({ $0 }) {
+        case .starting: (false, "starting: opening the snapshot, replaying the log, warming the cache")
+        case .ready: (true, "ready")
+        case .draining: (false, "draining: shutting down")
         }
-        throw ValidationError("\(flag) \"\(text)\" is not a size such as 64MiB, 1GiB or 1048576")
     }
 }
 
-/// Keeps the signal sources alive until the stream ends. `@unchecked Sendable` is safe:
-/// the array is never mutated, and DispatchSource's cancel is thread-safe.
-private final class SignalSources: @unchecked Sendable {
-    private let sources: [any DispatchSourceSignal]
+/// The server once started, for the metrics endpoint (which exists before it).
+final class RunningServer: Sendable {
+    private let current = Mutex<EntitlementsServer?>(nil)
 
-    init(_ sources: [any DispatchSourceSignal]) {
-        self.sources = sources
+    var server: EntitlementsServer? { self.current.withLock { $0 } }
+
+    func set(_ server: EntitlementsServer) {
+        self.current.withLock { $0 = server }
     }
+}
 
-    func cancel() {
-        self.sources.forEach { $0.cancel() }
+/// Counts SIGTERM/SIGINT beside the ServiceGroup (which starts the drain on the first):
+/// the second fails this service, which cancels the group, which cuts the drain short.
+struct SecondSignal: Service {
+    struct Received: Error {}
+
+    func run() async throws {
+        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                var seen = 0
+                for await _ in signals {
+                    seen += 1
+                    if seen == 2 {
+                        throw Received()
+                    }
+                }
+            }
+            group.addTask {
+                // Asked to stop (after the server's drain, which is shut down first).
+                try await gracefulShutdown()
+            }
+            try await group.next()
+            group.cancelAll()
+        }
     }
 }

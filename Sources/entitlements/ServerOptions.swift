@@ -14,7 +14,7 @@ struct ServerOptions: ParsableArguments {
 
     func validate() throws {
         if self.unix == nil {
-            _ = try ServeCommand.parseAddress(self.server)
+            _ = try ServeSettings.parseAddress(self.server, origin: "--server")
         }
         guard self.timeoutMs > 0 else {
             throw ValidationError("--timeout-ms must be positive")
@@ -26,7 +26,7 @@ struct ServerOptions: ParsableArguments {
         if let unix = self.unix {
             address = .unixSocket(path: unix)
         } else {
-            let (host, port) = try ServeCommand.parseAddress(self.server)
+            let (host, port) = try ServeSettings.parseAddress(self.server, origin: "--server")
             address = .tcp(host: host, port: port)
         }
         return EntitlementsClient(

@@ -18,10 +18,11 @@ struct CommandLineTests {
         var text: String
     }
 
-    static func run(_ arguments: [String]) throws -> Output {
+    static func run(_ arguments: [String], environment: [String: String] = [:]) throws -> Output {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: Self.executable)
         process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = pipe
@@ -78,7 +79,7 @@ struct CommandLineTests {
         server.waitUntilExit()
         let log = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(server.terminationStatus == 0)
-        #expect(log.contains("received SIGTERM: draining") && log.contains("stopped"))
+        #expect(log.contains("draining: GOAWAY sent") && log.hasSuffix("stopped\n"), "\(log)")
 
         // The server is gone: check says so and fails.
         let down = try Self.run(["check", "--server", "127.0.0.1:\(port)", "--user", "user-2"])
@@ -130,6 +131,12 @@ struct CommandLineTests {
         (["record-transaction", "--user", "u", "--store", "ebay", "--transaction-id", "t", "--product", "p", "--purchased", "2026-01-01T00:00:00Z"],
             "--store must be one of unknown, appstore, playstore, stripe, manual, got \"ebay\""),
         (["watch"], "give --user ID (repeatable) or --all"),
+        (["serve", "--snapshot", "x", "--idle-timeout", "forever"], "--idle-timeout \"forever\" is not a duration such as 250ms, 30s, 5m or 1h"),
+        (["serve", "--snapshot", "x", "--max-connections", "0"], "--max-connections must be 1 to 1000000, got \"0\""),
+        (["serve", "--snapshot", "x", "--log-level", "loud"], "--log-level must be trace, debug, info"),
+        (["serve", "--snapshot", "x", "--admin", "7421"], "--admin \"7421\" is not HOST:PORT"),
+        (["serve", "--snapshot", "x", "--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read it"),
+        (["check", "--user", "u", "--server", "here"], "--server \"here\" is not HOST:PORT"),
     ])
     func badFlags(arguments: [String], message: String) throws {
         let output = try Self.run(arguments)
@@ -161,5 +168,39 @@ struct CommandLineTests {
         let compacted = try Self.run(["compact", "--server", "127.0.0.1:\(server.port)"])
         #expect(compacted.text.hasSuffix("holds writes up to log sequence 2\n"), "\(compacted.text)")
         server.kill9()
+    }
+
+    @Test("settings: flags over ENTITLEMENTS_* variables over the config file over defaults; bad values name their source")
+    func settingsPrecedence() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let file = directory + "/serve.json"
+        try Data(#"{"cache-bytes": "32MiB", "max-batch": 50, "resolvers": 4, "no-tcp": false}"#.utf8).write(to: URL(fileURLWithPath: file))
+        let printed = try Self.run(
+            ["serve", "--snapshot", "s.snap", "--config", file, "--resolvers", "3", "--print-config"],
+            environment: ["ENTITLEMENTS_CACHE_BYTES": "16MiB", "ENTITLEMENTS_RESOLVERS": "2"]
+        )
+        #expect(printed.status == 0)
+        let lines = Set(printed.text.split(separator: "\n").map(String.init))
+        for expected in [
+            "resolvers = 3  # flag",
+            "cache-bytes = 16MiB  # environment",
+            "max-batch = 50  # config file \(file)",
+            "listen = 127.0.0.1:7420  # default",
+            "snapshot = s.snap  # flag",
+        ] {
+            #expect(lines.contains(expected), "\(printed.text)")
+        }
+        let badVariable = try Self.run(["serve", "--snapshot", "s.snap"], environment: ["ENTITLEMENTS_CACHE_BYTES": "lots"])
+        #expect(badVariable.status == 64)
+        #expect(badVariable.text.contains("ENTITLEMENTS_CACHE_BYTES \"lots\" is not a size"), "\(badVariable.text)")
+        try Data(#"{"cache": "1GiB"}"#.utf8).write(to: URL(fileURLWithPath: file))
+        let badFile = try Self.run(["serve", "--snapshot", "s.snap", "--config", file])
+        #expect(badFile.status == 64)
+        #expect(badFile.text.contains("\(file): unknown setting \"cache\""), "\(badFile.text)")
+        try Data(#"{"frame-timeout": "soon"}"#.utf8).write(to: URL(fileURLWithPath: file))
+        let badValue = try Self.run(["serve", "--snapshot", "s.snap", "--config", file])
+        #expect(badValue.text.contains("\(file): frame-timeout \"soon\" is not a duration"), "\(badValue.text)")
     }
 }

@@ -101,7 +101,10 @@ struct LimitTests {
         for _ in 0..<5 {
             order.append(try connection.receive()?.type ?? .error)
         }
-        #expect(order == [.response, .response, .response, .response, .pong])
+        // Without the limit the PONG would come first (the resolver is held); with it, the
+        // PING is read only once an answer has freed a slot.
+        #expect(order.first == .response)
+        #expect(order.filter { $0 == .response }.count == 4 && order.contains(.pong))
         try await fixture.stop()
     }
 }

@@ -32,6 +32,7 @@ final class ServerFixture: Sendable {
         customers: Int = 300,
         holdableResolvers: Bool = false,
         writable: Bool = false,
+        metrics: ServerMetrics = ServerMetrics(),
         configuration: ServerConfiguration = ServerConfiguration(tcp: ("127.0.0.1", 0))
     ) async throws {
         self.directory = FileManager.default.temporaryDirectory.appendingPathComponent("server-tests-\(UUID().uuidString)").path
@@ -53,7 +54,8 @@ final class ServerFixture: Sendable {
             configuration: configuration,
             group: self.group,
             resolverLoops: self.resolverGroup.map { [$0.next()] },
-            warmAt: now
+            warmAt: now,
+            metrics: metrics
         )
     }
 

@@ -1,5 +1,6 @@
 public import EntitlementsStore
 import EntitlementsWire
+public import Logging
 public import NIOCore
 import NIOExtras
 public import NIOPosix
@@ -41,6 +42,7 @@ final class ServerServices: Sendable {
     let health: ServerHealth
     let connections: ConnectionCounter
     let metrics: ServerMetrics
+    let logger: Logger
     /// Every open connection, to close them at once when a drain is cut short.
     let channels = Mutex<[ObjectIdentifier: any Channel]>([:])
     /// Where background work (compaction) reports.
@@ -52,8 +54,10 @@ final class ServerServices: Sendable {
         health: ServerHealth,
         connections: ConnectionCounter,
         metrics: ServerMetrics,
+        logger: Logger,
         report: @escaping @Sendable (String) -> Void
     ) {
+        self.logger = logger
         self.pool = pool
         self.metrics = metrics
         self.connections = connections
@@ -174,6 +178,7 @@ public final class EntitlementsServer: Sendable {
         resolverLoops: [any EventLoop]? = nil,
         warmAt instant: Int64? = nil,
         metrics: ServerMetrics = ServerMetrics(),
+        logger: Logger = Logger(label: "entitlements.server"),
         report: @escaping @Sendable (String) -> Void = { _ in }
     ) async throws -> EntitlementsServer {
         // By default the resolvers run on the connections' event loops, so a check whose
@@ -193,6 +198,7 @@ public final class EntitlementsServer: Sendable {
             health: health,
             connections: ConnectionCounter(maximum: configuration.maximumConnections),
             metrics: metrics,
+            logger: logger,
             report: report
         )
         store.onCommit { write, done in services.afterCommit(write, done: done) }

@@ -148,6 +148,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         if let error = error as? FrameError {
             self.connectionError(error.status, error.description, requestID: 0)
         } else {
+            self.services.logger.info(
+                "connection error",
+                metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "error": "\(error)"]
+            )
             context.close(promise: nil)
         }
     }
@@ -688,6 +692,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         self.closing = true
         self.draining = true
+        // One line per connection error; requests are never logged at the default level.
+        self.services.logger.info(
+            "connection error",
+            metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "status": "\(status)", "error": "\(message)"]
+        )
         var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
         buffer.writeFrame(.error(id: requestID, status: status, message: message))
         context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in

@@ -161,7 +161,7 @@ struct ServeCommand: AsyncParsableCommand {
         let reader = store.snapshot
         let server: EntitlementsServer
         do {
-            server = try await EntitlementsServer.start(store: store, configuration: configuration, group: .singleton, metrics: metrics) { message in
+            server = try await EntitlementsServer.start(store: store, configuration: configuration, group: .singleton, metrics: metrics, logger: logger) { message in
                 logger.notice("\(message)")
             }
         } catch {

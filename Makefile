@@ -3,8 +3,8 @@
 #               and serve it on 127.0.0.1:7420 from a data directory (writes are kept)
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
-# Other targets: deps, generate, check-generated, build, test-asan, bench-codec,
-# bench-resolver, bench-store, fuzz, clean.
+# Other targets: deps, generate, check-generated, build, check-deploy, test-asan,
+# bench-codec, bench-resolver, bench-store, fuzz (FUZZ_SECONDS each; CI runs 60), clean.
 
 SHELL := /bin/bash
 SWIFT ?= swift
@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run demo-data test deps generate check-generated build test-unit test-asan bench-codec bench-resolver bench-store fuzz clean
+.PHONY: run demo-data test deps generate check-generated build test-unit check-deploy test-asan bench-codec bench-resolver bench-store fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -33,7 +33,7 @@ demo-data: deps
 	mkdir -p $(dir $(DEMO_SNAPSHOT))
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
-test: deps check-generated test-unit test-asan
+test: deps check-generated test-unit check-deploy test-asan
 
 # Debian packages for protobuf-c (library, protoc-c), Google's protoc (used by the tests
 # and codegen) and pkg-config (SwiftPM finds libprotobuf-c with it); Python's protobuf
@@ -54,6 +54,9 @@ deps:
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-protobuf >/dev/null; }
 	@python3 -c 'import google.protobuf' \
 	  || { echo "make deps: python3 cannot import google.protobuf; install it with pip or apt (python3-protobuf)" >&2; exit 1; }
+	@python3 -c 'import yaml' 2>/dev/null \
+	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-yaml >/dev/null; } \
+	  || python3 -m pip install --quiet pyyaml
 
 generate: deps
 	codegen/generate.sh
@@ -67,6 +70,11 @@ build: deps
 test-unit: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+
+# deploy/ against the code: manifests parse, flags are accepted, the unit verifies.
+check-deploy: deps
+	$(SWIFT) build --product entitlements
+	python3 deploy/check.py .build/debug/entitlements
 
 # The shim's tests under AddressSanitizer (with LeakSanitizer): every unpacked message
 # and every arena chunk must be freed. A separate scratch path keeps the normal build.

@@ -10,7 +10,7 @@ struct EntitlementsCommand: AsyncParsableCommand {
         subcommands: [
             ServeCommand.self, CheckCommand.self, WatchCommand.self,
             RecordTransactionCommand.self, UpdateSubscriptionCommand.self, GrantCommand.self, RevokeGrantCommand.self,
-            LinkAliasCommand.self, DeleteCustomerCommand.self, CompactCommand.self,
+            LinkAliasCommand.self, DeleteCustomerCommand.self, CompactCommand.self, HealthCommand.self,
             SnapshotCommand.self, ResolveCommand.self, DemoCommand.self,
         ]
     )

@@ -235,3 +235,32 @@ struct CompactCommand: AsyncParsableCommand {
         }
     }
 }
+
+/// `entitlements health`: exit 0 when the server answers Health with SERVING, 1 otherwise
+/// (for container HEALTHCHECKs and exec probes).
+struct HealthCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "health",
+        abstract: "Ask a server whether it serves; exit status 0 if it does."
+    )
+    @OptionGroup var connection: ServerOptions
+
+    func run() async throws {
+        let client = try self.connection.makeClient()
+        do {
+            let response = try await client.health(timeout: self.connection.timeout)
+            await client.close()
+            let serving = response.status == .serving
+            print("\(serving ? "serving" : "not serving"): snapshot \(response.snapshotId ?? "-"), up \(response.uptimeMs / 1_000) s, version \(response.version ?? "-")")
+            if !serving {
+                throw ExitCode(1)
+            }
+        } catch let exit as ExitCode {
+            throw exit
+        } catch {
+            await client.close()
+            print("error: \(error)")
+            throw ExitCode(1)
+        }
+    }
+}

@@ -15,7 +15,11 @@ import Testing
 @Suite("operations")
 struct OperationsTests {
     /// GET `path` from the admin listener: status line and body.
-    static func get(_ port: Int, _ path: String) throws -> (status: Int, body: String) {
+    static func get(_ port: Int, _ path: String) async throws -> (status: Int, body: String) {
+        try await offThePool { try Self.blockingGet(port, path) }
+    }
+
+    static func blockingGet(_ port: Int, _ path: String) throws -> (status: Int, body: String) {
         let connection = try RawConnection(port: port)
         connection.send(bytes: Array("GET \(path) HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".utf8))
         var response: [UInt8] = []
@@ -58,10 +62,13 @@ struct OperationsTests {
         await #expect(throws: EntitlementsClientError.self) {
             _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: ""))
         }
-        #expect(try Self.get(port, "/healthz") == (200, "ok\n"))
-        #expect(try Self.get(port, "/readyz") == (200, "ready\n"))
-        #expect(try Self.get(port, "/nope").status == 404)
-        let scrape = try Self.get(port, "/metrics")
+        let healthz = try await Self.get(port, "/healthz")
+        #expect(healthz == (200, "ok\n"))
+        let readyz = try await Self.get(port, "/readyz")
+        #expect(readyz == (200, "ready\n"))
+        let missing = try await Self.get(port, "/nope")
+        #expect(missing.status == 404)
+        let scrape = try await Self.get(port, "/metrics")
         #expect(scrape.status == 200)
         let lines = Set(scrape.body.split(separator: "\n").map(String.init))
         for expected in [
@@ -102,19 +109,22 @@ struct OperationsTests {
                 RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1", at: now)),
                 RawConnection.request(2, HealthRequest(), method: .health),
             ])
-            #expect(try connection.receive()?.requestID == 2)
+            let health = try await offThePool { try connection.receive() }
+            #expect(health?.requestID == 2)
             await group.triggerGracefulShutdown()
-            let goAway = try connection.receive()
+            let goAway = try await offThePool { try connection.receive() }
             #expect(goAway?.type == .goAway && goAway?.requestID == 2)
             if !holdPastGrace {
                 fixture.releaseResolvers()
-                #expect(try connection.receive()?.status == .ok)  // the accepted call is answered
+                let answer = try await offThePool { try connection.receive() }
+                #expect(answer?.status == .ok)  // the accepted call is answered
                 _ = try? await running.value
                 #expect(service.drained)
             } else {
                 _ = try? await running.value  // the grace runs out: cancelled
                 #expect(!service.drained)
-                #expect(try connection.receive() == nil)  // closed without the answer
+                let closed = try await offThePool { try connection.receive() }
+                #expect(closed == nil)  // closed without the answer
                 fixture.releaseResolvers()
             }
             try await fixture.stop()

@@ -82,8 +82,22 @@ final class ServerFixture: Sendable {
     }
 }
 
+/// Runs blocking socket I/O on a Dispatch thread, not on Swift's cooperative pool: with two
+/// cores the pool has two threads, and a test blocked in `recv` on each would starve the
+/// tasks the server under test needs (ServiceGroup, the admin /metrics handler).
+func offThePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async {
+            continuation.resume(with: Result { try body() })
+        }
+    }
+}
+
 /// A raw connection speaking frames, for what the client library would never send.
-final class RawConnection {
+///
+/// `@unchecked Sendable`: a test uses a connection from one place at a time, handing it to
+/// a Dispatch thread (``offThePool(_:)``) and waiting for it to come back.
+final class RawConnection: @unchecked Sendable {
     let socket: Int32
     private var buffer = ByteBuffer()
     private var decoder = FrameDecoder()

@@ -3,7 +3,9 @@ import EntitlementsMessages
 import EntitlementsResolver
 import EntitlementsStore
 import EntitlementsTools
+import EntitlementsWire
 import Foundation
+import Synchronization
 import Testing
 
 /// The `entitlements` executable, run as a user would: `serve` in the background, `check`
@@ -202,5 +204,63 @@ struct CommandLineTests {
         try Data(#"{"frame-timeout": "soon"}"#.utf8).write(to: URL(fileURLWithPath: file))
         let badValue = try Self.run(["serve", "--snapshot", "s.snap", "--config", file])
         #expect(badValue.text.contains("\(file): frame-timeout \"soon\" is not a duration"), "\(badValue.text)")
+    }
+
+    @Test("a drain cut short (a second SIGTERM, or --drain-timeout) closes what is left and exits 1", arguments: ["second signal", "timeout"])
+    func drainCutShort(how: String) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/data.snap"
+        _ = try SnapshotTools.generate(count: 20_000, seed: 8, now: now, outputPath: path)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.executable)
+        process.arguments = [
+            "serve", "--snapshot", path, "--listen", "127.0.0.1:0", "--resolvers", "1", "--cache-bytes", "1KiB",
+            "--drain-timeout", how == "timeout" ? "500ms" : "60s",
+        ]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        var seen = ""
+        while !seen.contains("listening on 127.0.0.1:") || !seen.hasSuffix("\n") {
+            seen += String(decoding: pipe.fileHandleForReading.availableData, as: UTF8.self)
+        }
+        let port = Int(seen.split(separator: "\n").first { $0.hasPrefix("listening on 127.0.0.1:") }!.split(separator: ":").last!)!
+        // Seconds of work, accepted before the signal: 200 batches of 1,000 cache misses,
+        // with small answers (an entitlement nobody has) read as they come, so that the
+        // server keeps reading requests.
+        let connection = try RawConnection(port: port)
+        let answered = Mutex(0)
+        let reader = Thread {
+            while (try? connection.receive()) != nil {
+                answered.withLock { $0 += 1 }
+            }
+        }
+        reader.start()
+        let users = (0..<1_000).map { "user-\(($0 * 7_919) % 20_000)" }
+        connection.send((1...200).map { id in
+            RawConnection.request(
+                UInt64(id),
+                BatchCheckEntitlementsRequest(userIds: users, entitlementIds: ["none-has-this"], at: now),
+                method: .batchCheckEntitlements
+            )
+        })
+        while answered.withLock({ $0 }) == 0 {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        kill(process.processIdentifier, SIGTERM)
+        if how == "second signal" {
+            try await Task.sleep(for: .milliseconds(300))
+            kill(process.processIdentifier, SIGTERM)
+        }
+        try await offThePool { process.waitUntilExit() }
+        let output = seen + String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(process.terminationStatus == 1, "\(output)")
+        #expect(output.contains("draining: GOAWAY sent"), "\(output)")
+        let expected = how == "timeout" ? "the drain did not finish within --drain-timeout" : "second signal: closed"
+        #expect(output.contains(expected), "\(output)")
+        #expect(answered.withLock { $0 } < 200, "every batch was answered: the drain was not cut short")
     }
 }

@@ -72,13 +72,18 @@ final class ServerServices: Sendable {
         let loop = self.pool.resolvers[0].eventLoop
         let invalidated = self.pool.invalidate(after: write, on: loop)
         self.watches.publish(write)
-        invalidated.whenComplete { _ in done() }
+        invalidated.whenComplete { _ in
+            self.metrics.writes.increment()
+            done()
+        }
     }
 
     /// Compacts now (the Compact method, `entitlements compact`).
     func compact() async throws -> CustomerStore.CompactionReport {
         let hotList = await self.pool.hotList()
-        return try await self.store.compact(hotList: hotList, now: WallClock.unixMilliseconds())
+        let report = try await self.store.compact(hotList: hotList, now: WallClock.unixMilliseconds())
+        self.metrics.compactions.increment()
+        return report
     }
 
     /// Starts a compaction in the background if the log has grown past the threshold.

@@ -30,6 +30,9 @@ public final class ServerMetrics: Sendable {
     let inFlight: Meter
     let connections: Meter
     let watchers: Meter
+    /// Writes that changed something: logged, fsynced, acknowledged.
+    let writes: Counter
+    let compactions: Counter
     private let cacheHits: Counter
     private let cacheMisses: Counter
     private let cacheEvictions: Counter
@@ -57,6 +60,8 @@ public final class ServerMetrics: Sendable {
         self.inFlight = Meter(label: "entitlements_requests_in_flight", factory: factory)
         self.connections = Meter(label: "entitlements_connections", factory: factory)
         self.watchers = Meter(label: "entitlements_watch_streams", factory: factory)
+        self.writes = Counter(label: "entitlements_writes_total", factory: factory)
+        self.compactions = Counter(label: "entitlements_compactions_total", factory: factory)
         self.cacheHits = Counter(label: "entitlements_cache_hits_total", factory: factory)
         self.cacheMisses = Counter(label: "entitlements_cache_misses_total", factory: factory)
         self.cacheEvictions = Counter(label: "entitlements_cache_evictions_total", factory: factory)

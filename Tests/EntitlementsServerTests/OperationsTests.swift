@@ -79,6 +79,7 @@ struct OperationsTests {
             "entitlements_connections 1.0",
             "entitlements_requests_in_flight 0.0",
             "entitlements_log_sequence 1.0",
+            "entitlements_writes_total 1",
             "entitlements_overlay_customers 1.0",
             "entitlements_ready 1.0",
         ] {

@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run demo-data test deps generate check-generated build test-unit check-deploy test-asan bench-codec bench-resolver bench-store fuzz clean
+.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-asan bench-codec bench-resolver bench-store fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -34,6 +34,10 @@ demo-data: deps
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
 test: deps check-generated test-unit check-deploy test-asan
+
+# Side by side with Redis (benchmarks/README.md); BENCH_FLAGS=--quick for a 2 s smoke run.
+bench: deps
+	benchmarks/run.sh $(BENCH_FLAGS)
 
 # Debian packages for protobuf-c (library, protoc-c), Google's protoc (used by the tests
 # and codegen) and pkg-config (SwiftPM finds libprotobuf-c with it); Python's protobuf

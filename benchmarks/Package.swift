@@ -15,6 +15,7 @@ let package = Package(
         .package(path: ".."),
         .package(url: "https://github.com/ordo-one/benchmark.git", from: "1.38.1", traits: ["MallocInterposer"]),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
     ],
     targets: [
         // Microbenchmarks of the wire path: protobuf-c shim and frame codec.
@@ -74,6 +75,22 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
             path: "Sources/QuickLoad",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        // The load generator of run.sh: closed and open loop, uniform or Zipf keys, our
+        // protocol or Redis GET, HdrHistogram percentiles, JSON summaries.
+        .executableTarget(
+            name: "LoadGen",
+            dependencies: [
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "EntitlementsWire", package: mainPackage),
+                .product(name: "EntitlementsResolver", package: mainPackage),
+                .product(name: "EntitlementsStore", package: mainPackage),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Sources/LoadGen",
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
         // Memory and cost of the store on a large snapshot: RSS under a cache budget,

@@ -1,0 +1,463 @@
+// LoadGen: the load generator of benchmarks/run.sh, on SwiftNIO.
+//
+//   LoadGen run --target entitlements|redis --host H --port P [--unix PATH]
+//               [--connections C] [--in-flight D] [--rate R] [--duration S] [--warmup S]
+//               [--customers N] [--keys uniform|zipf] [--zipf-s 0.99] [--write-percent W]
+//               [--json FILE] [--distribution FILE] [--label TEXT]
+//   LoadGen load-redis --port P --snapshot FILE [--at UNIX_MS]
+//
+// Closed loop (default): each of C connections keeps D requests in flight. Open loop
+// (--rate R requests/s over all connections): requests are sent on a fixed schedule
+// whatever the answers do, and latency is measured from the *scheduled* send time, so a
+// stall is charged to every request it delays (coordinated omission corrected, as wrk2).
+// Keys: customer ids user-0 ... user-(N-1), uniform or Zipf (the continuous power-law
+// approximation, exponent --zipf-s). Latencies go to an HdrHistogram (1 µs to 60 s, 3
+// significant digits).
+import EntitlementsMessages
+import EntitlementsResolver
+import EntitlementsStore
+import EntitlementsWire
+import Foundation
+import Histogram
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+// MARK: Arguments
+
+enum Target: String, Sendable {
+    case entitlements, redis
+}
+
+/// The command line, parsed once (a type's static constant: readable from any thread).
+struct Settings: Sendable {
+    var command: String
+    var options: [String: String]
+
+    static let current: Settings = {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        guard let command = arguments.first else {
+            print("usage: LoadGen run ... | LoadGen load-redis ... (see the comment at the top of main.swift)")
+            exit(2)
+        }
+        arguments.removeFirst()
+        var options: [String: String] = [:]
+        var index = 0
+        while index < arguments.count {
+            let name = arguments[index]
+            guard name.hasPrefix("--"), index + 1 < arguments.count else {
+                print("error: expected --name value, got \(name)")
+                exit(2)
+            }
+            options[String(name.dropFirst(2))] = arguments[index + 1]
+            index += 2
+        }
+        return Settings(command: command, options: options)
+    }()
+
+    func text(_ name: String, _ fallback: String) -> String { self.options[name] ?? fallback }
+
+    func number(_ name: String, _ fallback: Double) -> Double {
+        guard let text = self.options[name] else { return fallback }
+        guard let value = Double(text) else {
+            print("error: --\(name) \"\(text)\" is not a number")
+            exit(2)
+        }
+        return value
+    }
+
+    var target: Target {
+        guard let target = Target(rawValue: self.text("target", "entitlements")) else {
+            print("error: --target must be entitlements or redis")
+            exit(2)
+        }
+        return target
+    }
+    var host: String { self.text("host", "127.0.0.1") }
+    var port: Int { Int(self.number("port", self.target == .redis ? 6379 : 7420)) }
+    var unixPath: String? { self.options["unix"] }
+    var connections: Int { Int(self.number("connections", 1)) }
+    var inFlight: Int { Int(self.number("in-flight", 1)) }
+    var rate: Double? { self.options["rate"].map { _ in self.number("rate", 0) } }
+    var duration: Double { self.number("duration", 5) }
+    var warmup: Double { self.number("warmup", 1) }
+    var customers: Int { Int(self.number("customers", 100_000)) }
+    var zipf: Bool { self.text("keys", "uniform") == "zipf" }
+    var zipfS: Double { self.number("zipf-s", 0.99) }
+    var writePercent: Int { Int(self.number("write-percent", 0)) }
+}
+
+let settings = Settings.current
+let command = settings.command
+let options = settings.options
+func option(_ name: String, _ fallback: String) -> String { Settings.current.text(name, fallback) }
+func number(_ name: String, _ fallback: Double) -> Double { Settings.current.number(name, fallback) }
+
+// MARK: load-redis
+
+if command == "load-redis" {
+    let port = Int(number("port", 6379))
+    guard let path = options["snapshot"] else {
+        print("error: load-redis needs --snapshot FILE")
+        exit(2)
+    }
+    let at = Int64(number("at", Double(Int64(Date().timeIntervalSince1970 * 1000))))
+    let reader = try SnapshotReader(path: path)
+    let resolver = EntitlementResolver(catalog: reader.catalog)
+    let socket = try BlockingSocket(host: "127.0.0.1", port: port)
+    var batch = ByteBuffer()
+    var pending = 0
+    var loaded = 0
+    try reader.forEachRecord { record, _ in
+        guard let id = record.id else { return }
+        // The same bytes `serve` answers for the default request shape.
+        let answer = try CachedAnswer(resolver.resolve(record, at: at), resolvedAt: at)
+        var value = ByteBuffer()
+        answer.writeResponse(userId: id, customerId: id, requestDate: at, into: &value)
+        batch.writeString("*3\r\n$3\r\nSET\r\n$\(id.utf8.count)\r\n\(id)\r\n$\(value.readableBytes)\r\n")
+        batch.writeImmutableBuffer(value)
+        batch.writeString("\r\n")
+        pending += 1
+        if pending == 1_000 {
+            try socket.send(&batch)
+            try socket.expect(replies: pending)
+            loaded += pending
+            pending = 0
+        }
+    }
+    try socket.send(&batch)
+    try socket.expect(replies: pending)
+    loaded += pending
+    print("loaded \(loaded) customers into redis on port \(port)")
+    exit(0)
+}
+
+guard command == "run" else {
+    print("error: unknown command \(command); use run or load-redis")
+    exit(2)
+}
+
+let target = settings.target
+let host = settings.host
+let port = settings.port
+let unixPath = settings.unixPath
+let connections = settings.connections
+let rate = settings.rate
+let duration = settings.duration
+let writePercent = settings.writePercent
+if target == .redis, writePercent > 0 {
+    print("error: --write-percent is for --target entitlements")
+    exit(2)
+}
+
+// MARK: Keys
+
+/// Customer indices, uniform or Zipf-distributed (hot customers are the low indices).
+struct KeyPicker {
+    var random = SystemRandomNumberGenerator()
+
+    mutating func next() -> Int {
+        let u = Double.random(in: 0..<1, using: &self.random)
+        let customers = Settings.current.customers
+        guard Settings.current.zipf else {
+            return Int(u * Double(customers))
+        }
+        // Inverse CDF of the continuous density x^-s on [1, N+1).
+        let n = Double(customers) + 1
+        let exponent = 1 - Settings.current.zipfS
+        let x = exponent == 0 ? pow(n, u) : pow((pow(n, exponent) - 1) * u + 1, 1 / exponent)
+        return min(customers - 1, max(0, Int(x) - 1))
+    }
+}
+
+// MARK: Results
+
+final class Results: Sendable {
+    let histogram = NIOLockedValueBox(Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three))
+    let errors = NIOLockedValueBox(0)
+}
+
+/// The run's clock: warm-up, then the measured window.
+enum Window {
+    static let results = Results()
+    static let start = NIODeadline.now()
+    static let measureFrom = start + .nanoseconds(Int64(Settings.current.warmup * 1e9))
+    static let end = measureFrom + .nanoseconds(Int64(Settings.current.duration * 1e9))
+}
+let results = Window.results
+_ = Window.end
+
+// MARK: The connection
+
+final class LoadHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private var keys = KeyPicker()
+    private var decoder = FrameDecoder()
+    private var buffer = ByteBuffer()
+    /// Request id -> intended send time (ns); redis answers in order, so a FIFO there.
+    private var sentAt: [UInt64: UInt64] = [:]
+    private var fifo: [UInt64] = []
+    private var fifoHead = 0
+    private var nextID: UInt64 = 1
+    private var histogram = Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+    private var errors = 0
+    private var finished = false
+    private let done: EventLoopPromise<Void>
+    private let interval: TimeAmount?
+    private var nextScheduled: NIODeadline
+
+    init(done: EventLoopPromise<Void>, interval: TimeAmount?) {
+        self.done = done
+        self.interval = interval
+        self.nextScheduled = NIODeadline.now()
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        if let interval = self.interval {
+            // Open loop: each send is scheduled for its intended time.
+            self.nextScheduled = NIODeadline.now()
+            self.sendDue(context: context, interval: interval)
+        } else {
+            for _ in 0..<Settings.current.inFlight {
+                self.send(context: context, intended: NIODeadline.now())
+            }
+            context.flush()
+        }
+    }
+
+    private func sendDue(context: ChannelHandlerContext, interval: TimeAmount) {
+        let now = NIODeadline.now()
+        if now >= Window.end {
+            self.finishIfIdle(context: context)
+            return
+        }
+        while self.nextScheduled <= now {
+            self.send(context: context, intended: self.nextScheduled)
+            self.nextScheduled = self.nextScheduled + interval
+        }
+        context.flush()
+        context.eventLoop.assumeIsolated().scheduleTask(deadline: self.nextScheduled) {
+            self.sendDue(context: context, interval: interval)
+        }
+    }
+
+    private func send(context: ChannelHandlerContext, intended: NIODeadline) {
+        let customer = self.keys.next()
+        var out = context.channel.allocator.buffer(capacity: 64)
+        let stamp = intended.uptimeNanoseconds
+        switch Settings.current.target {
+        case .redis:
+            let key = "user-\(customer)"
+            out.writeString("*2\r\n$3\r\nGET\r\n$\(key.utf8.count)\r\n\(key)\r\n")
+            self.fifo.append(stamp)
+        case .entitlements:
+            let id = self.nextID
+            self.nextID += 1
+            if Settings.current.writePercent > 0, Int.random(in: 0..<100) < Settings.current.writePercent {
+                let grant = Grant(grantId: "load-\(ObjectIdentifier(self).hashValue)-\(id)", entitlementId: "bench")
+                let payload = ByteBuffer(bytes: try! GrantEntitlementRequest(userId: "user-\(customer)", grant: grant).serializedBytes())
+                out.writeFrameHeader(type: .request, method: .grantEntitlement, requestID: id, payloadLength: UInt32(payload.readableBytes))
+                out.writeImmutableBuffer(payload)
+            } else {
+                // CheckEntitlementsRequest{user_id}: field 1, length-delimited.
+                let user = "user-\(customer)"
+                let length = user.utf8.count
+                out.writeFrameHeader(type: .request, method: .checkEntitlements, requestID: id, payloadLength: UInt32(2 + length))
+                out.writeInteger(UInt8(0x0A))
+                out.writeInteger(UInt8(length))
+                out.writeString(user)
+            }
+            self.sentAt[id] = stamp
+        }
+        context.write(self.wrapOutboundOut(out), promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var incoming = self.unwrapInboundIn(data)
+        self.buffer.writeBuffer(&incoming)
+        do {
+            switch Settings.current.target {
+            case .entitlements:
+                while let frame = try self.decoder.decode(buffer: &self.buffer) {
+                    guard let stamp = self.sentAt.removeValue(forKey: frame.requestID) else { continue }
+                    self.answered(context: context, stamp: stamp, ok: frame.status == .ok)
+                }
+            case .redis:
+                while let ok = Self.readRedisReply(&self.buffer) {
+                    let stamp = self.fifo[self.fifoHead]
+                    self.fifoHead += 1
+                    if self.fifoHead > 4_096 {
+                        self.fifo.removeFirst(self.fifoHead)
+                        self.fifoHead = 0
+                    }
+                    self.answered(context: context, stamp: stamp, ok: ok)
+                }
+            }
+        } catch {
+            print("error: \(error)")
+            context.close(promise: nil)
+        }
+        self.buffer.discardReadBytes()
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        context.flush()
+    }
+
+    private func answered(context: ChannelHandlerContext, stamp: UInt64, ok: Bool) {
+        let now = NIODeadline.now()
+        if NIODeadline.uptimeNanoseconds(stamp) >= Window.measureFrom, now <= Window.end + .seconds(60) {
+            _ = self.histogram.record(max(1, (now.uptimeNanoseconds - stamp) / 1_000))
+            if !ok { self.errors += 1 }
+        }
+        if self.interval == nil {
+            if now < Window.end {
+                self.send(context: context, intended: now)
+            } else {
+                self.finishIfIdle(context: context)
+            }
+        } else if now >= Window.end {
+            self.finishIfIdle(context: context)
+        }
+    }
+
+    private func finishIfIdle(context: ChannelHandlerContext) {
+        let outstanding = Settings.current.target == .redis ? self.fifo.count - self.fifoHead : self.sentAt.count
+        guard outstanding == 0, !self.finished else { return }
+        self.finished = true
+        let histogram = self.histogram
+        let errors = self.errors
+        Window.results.histogram.withLockedValue { $0.add(histogram) }
+        Window.results.errors.withLockedValue { $0 += errors }
+        self.done.succeed(())
+        context.close(promise: nil)
+    }
+
+    /// One RESP reply if complete: true for a bulk string (a hit), false for a nil or an
+    /// error; nil when more bytes are needed.
+    static func readRedisReply(_ buffer: inout ByteBuffer) -> Bool? {
+        let view = buffer.readableBytesView
+        guard let lineEnd = view.firstIndex(of: UInt8(ascii: "\n")) else { return nil }
+        let line = String(decoding: view[view.startIndex..<(lineEnd - 1)], as: UTF8.self)
+        let headerLength = lineEnd - view.startIndex + 1
+        switch line.first {
+        case "$":
+            let length = Int(line.dropFirst()) ?? -1
+            if length < 0 {
+                buffer.moveReaderIndex(forwardBy: headerLength)
+                return false
+            }
+            guard buffer.readableBytes >= headerLength + length + 2 else { return nil }
+            buffer.moveReaderIndex(forwardBy: headerLength + length + 2)
+            return true
+        default:
+            buffer.moveReaderIndex(forwardBy: headerLength)
+            return line.first == "+"
+        }
+    }
+}
+
+// MARK: Run
+
+let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+let perConnectionInterval = rate.map { TimeAmount.nanoseconds(Int64(1e9 * Double(connections) / $0)) }
+var futures: [EventLoopFuture<Void>] = []
+for _ in 0..<connections {
+    let loop = group.next()
+    let done = loop.makePromise(of: Void.self)
+    futures.append(done.futureResult)
+    let bootstrap = ClientBootstrap(group: loop)
+        .channelOption(.socketOption(.tcp_nodelay), value: 1)
+        .channelInitializer { channel in
+            channel.eventLoop.makeCompletedFuture {
+                try channel.pipeline.syncOperations.addHandler(LoadHandler(done: done, interval: perConnectionInterval))
+            }
+        }
+    if let unixPath {
+        _ = try bootstrap.connect(unixDomainSocketPath: unixPath).wait()
+    } else {
+        _ = try bootstrap.connect(host: host, port: port).wait()
+    }
+}
+try EventLoopFuture.andAllSucceed(futures, on: group.next()).wait()
+try group.syncShutdownGracefully()
+
+let histogram = results.histogram.withLockedValue { $0 }
+let errors = results.errors.withLockedValue { $0 }
+let throughput = Double(histogram.totalCount) / duration
+func microseconds(_ percentile: Double) -> UInt64 { histogram.valueAtPercentile(percentile) }
+let label = option("label", "\(target.rawValue) \(connections)x\(rate.map { "rate \(Int($0))/s" } ?? "\(settings.inFlight)")")
+print(String(
+    format: "%@: %.0f requests/s, p50 %llu us, p90 %llu us, p99 %llu us, p99.9 %llu us, max %llu us, errors %d",
+    label, throughput, microseconds(50), microseconds(90), microseconds(99), microseconds(99.9), histogram.max, errors
+))
+if let path = options["json"] {
+    let summary: [String: Any] = [
+        "label": label, "target": target.rawValue, "connections": connections, "inFlight": settings.inFlight,
+        "rate": rate ?? 0, "durationSeconds": duration, "customers": settings.customers, "keys": settings.zipf ? "zipf" : "uniform",
+        "writePercent": writePercent, "requests": histogram.totalCount, "errors": errors,
+        "throughput": throughput.rounded(),
+        "latencyMicroseconds": ["p50": microseconds(50), "p90": microseconds(90), "p99": microseconds(99), "p99.9": microseconds(99.9), "max": histogram.max],
+    ]
+    let data = try JSONSerialization.data(withJSONObject: summary, options: [.prettyPrinted, .sortedKeys])
+    try data.write(to: URL(fileURLWithPath: path))
+}
+if let path = options["distribution"] {
+    var text = ""
+    histogram.outputPercentileDistribution(to: &text, outputValueUnitScalingRatio: 1.0)
+    try text.write(toFile: path, atomically: true, encoding: .utf8)
+}
+
+/// A blocking TCP socket, for loading Redis.
+final class BlockingSocket {
+    let fd: Int32
+    private var received: [UInt8] = []
+
+    init(host: String, port: Int) throws {
+        self.fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr(host)
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(self.fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard result == 0 else {
+            throw NSError(domain: "LoadGen", code: Int(errno), userInfo: [NSLocalizedDescriptionKey: "cannot connect to \(host):\(port)"])
+        }
+    }
+
+    deinit { close(self.fd) }
+
+    func send(_ buffer: inout ByteBuffer) throws {
+        while buffer.readableBytes > 0 {
+            let written = buffer.withUnsafeReadableBytes { Glibc.send(self.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard written > 0 else { throw NSError(domain: "LoadGen", code: Int(errno)) }
+            buffer.moveReaderIndex(forwardBy: written)
+        }
+        buffer.clear()
+    }
+
+    /// Reads `replies` lines (+OK), failing on an error reply.
+    func expect(replies: Int) throws {
+        var lines = 0
+        var chunk = [UInt8](repeating: 0, count: 65_536)
+        while lines < replies {
+            let count = recv(self.fd, &chunk, chunk.count, 0)
+            guard count > 0 else { throw NSError(domain: "LoadGen", code: Int(errno)) }
+            for byte in chunk[0..<count] {
+                if byte == UInt8(ascii: "-") && self.received.isEmpty {
+                    throw NSError(domain: "LoadGen", code: 1, userInfo: [NSLocalizedDescriptionKey: "redis refused a SET"])
+                }
+                if byte == UInt8(ascii: "\n") {
+                    lines += 1
+                    self.received.removeAll(keepingCapacity: true)
+                } else {
+                    self.received.append(byte)
+                }
+            }
+        }
+    }
+}

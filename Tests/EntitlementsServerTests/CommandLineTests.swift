@@ -36,9 +36,17 @@ struct CommandLineTests {
 
     /// Starts `entitlements serve` on port 0 and returns it with the port it printed.
     static func serve(snapshot: String) throws -> (Process, Pipe, Int) {
+        let (process, pipe, _, port) = try Self.start(["serve", "--snapshot", snapshot, "--listen", "127.0.0.1:0", "--resolvers", "2", "--cache-bytes", "8MiB"])
+        return (process, pipe, port)
+    }
+
+    /// Runs `entitlements` with `arguments` (a `serve` on `127.0.0.1:0`) and waits for its
+    /// `listening on` line: the process, its output pipe, what it printed, and the port.
+    static func start(_ arguments: [String], environment: [String: String] = [:]) throws -> (Process, Pipe, String, Int) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: Self.executable)
-        process.arguments = ["serve", "--snapshot", snapshot, "--listen", "127.0.0.1:0", "--resolvers", "2", "--cache-bytes", "8MiB"]
+        process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = pipe
@@ -52,7 +60,7 @@ struct CommandLineTests {
             seen += String(decoding: chunk, as: UTF8.self)
         }
         let line = seen.split(separator: "\n").first { $0.hasPrefix("listening on 127.0.0.1:") }!
-        return (process, pipe, Int(line.split(separator: ":").last!)!)
+        return (process, pipe, seen, Int(line.split(separator: ":").last!)!)
     }
 
     @Test("serve, then check with the table and the JSON output; SIGTERM drains and exits 0")
@@ -213,21 +221,10 @@ struct CommandLineTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let path = directory + "/data.snap"
         _ = try SnapshotTools.generate(count: 20_000, seed: 8, now: now, outputPath: path)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.executable)
-        process.arguments = [
+        let (process, pipe, seen, port) = try Self.start([
             "serve", "--snapshot", path, "--listen", "127.0.0.1:0", "--resolvers", "1", "--cache-bytes", "1KiB",
             "--drain-timeout", how == "timeout" ? "500ms" : "60s",
-        ]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        var seen = ""
-        while !seen.contains("listening on 127.0.0.1:") || !seen.hasSuffix("\n") {
-            seen += String(decoding: pipe.fileHandleForReading.availableData, as: UTF8.self)
-        }
-        let port = Int(seen.split(separator: "\n").first { $0.hasPrefix("listening on 127.0.0.1:") }!.split(separator: ":").last!)!
+        ])
         // Seconds of work, accepted before the signal: 200 batches of 1,000 cache misses,
         // with small answers (an entitlement nobody has) read as they come, so that the
         // server keeps reading requests.

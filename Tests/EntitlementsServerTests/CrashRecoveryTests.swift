@@ -13,29 +13,16 @@ struct ChildServer {
     let port: Int
 
     static func start(dataDirectory: String, seed: String, extraArguments: [String] = [], environment: [String: String] = [:]) throws -> ChildServer {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: CommandLineTests.executable)
-        process.arguments = [
-            "serve", "--data-dir", dataDirectory, "--snapshot", seed, "--listen", "127.0.0.1:0",
-            "--resolvers", "2", "--cache-bytes", "4MiB",
-        ] + extraArguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        var seen = ""
-        while !seen.contains("listening on 127.0.0.1:") || !seen.hasSuffix("\n") {
-            let chunk = pipe.fileHandleForReading.availableData
-            guard !chunk.isEmpty else {
-                throw CocoaError(.fileReadUnknown, userInfo: [NSLocalizedDescriptionKey: "serve exited: \(seen)"])
-            }
-            seen += String(decoding: chunk, as: UTF8.self)
-        }
+        let (process, pipe, _, port) = try CommandLineTests.start(
+            [
+                "serve", "--data-dir", dataDirectory, "--snapshot", seed, "--listen", "127.0.0.1:0",
+                "--resolvers", "2", "--cache-bytes", "4MiB",
+            ] + extraArguments,
+            environment: environment
+        )
         // Keep draining its output so that it never blocks on a full pipe.
         pipe.fileHandleForReading.readabilityHandler = { handle in _ = handle.availableData }
-        let line = seen.split(separator: "\n").first { $0.hasPrefix("listening on 127.0.0.1:") }!
-        return ChildServer(process: process, port: Int(line.split(separator: ":").last!)!)
+        return ChildServer(process: process, port: port)
     }
 
     func client() -> EntitlementsClient {

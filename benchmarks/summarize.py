@@ -55,7 +55,7 @@ lines = [
     "# Side by side: entitlements vs Redis GET of the same bytes",
     "",
     f"Machine: {machine()}.",
-    "Each server pinned to CPU 0, the load generator (LoadGen, one event loop) to CPU 1.",
+    "Each server pinned to CPU 0 (ours with `--threads 1 --resolvers 1`, as Redis runs one thread), the load generator (LoadGen, one event loop) to CPU 1.",
     f"{'QUICK RUN (2 s per profile, 10,000 customers): checks that the harness works, not figures.' if quick else 'Each profile: 2 s warm-up, 10 s measured, 100,000 customers, uniform keys.'}",
     "Latency in microseconds. Open loop (p4) latency is measured from each request's scheduled send time.",
     "The gRPC peer is not built yet: its column is missing (see benchmarks/README.md).",

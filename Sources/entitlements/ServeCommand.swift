@@ -51,6 +51,8 @@ struct ServeCommand: AsyncParsableCommand {
     var unix: String?
     @Flag(help: "Do not listen on TCP (with --unix).")
     var noTcp = false
+    @Option(help: "Event loop threads (connections and resolvers). Default: CPU cores; 1 on a server pinned to one core.")
+    var threads: String?
     @Option(help: "Resolver actors, each owning a cache shard. Default: CPU cores.")
     var resolvers: String?
     @Option(help: "Cache budget, e.g. 64MiB, 1GiB or a number of bytes (default 256MiB).")
@@ -83,7 +85,7 @@ struct ServeCommand: AsyncParsableCommand {
         var values: [String: String] = [:]
         let options: [(String, String?)] = [
             ("snapshot", self.snapshot), ("data-dir", self.dataDir), ("fsync", self.fsync), ("compact-after", self.compactAfter),
-            ("listen", self.listen), ("unix", self.unix), ("resolvers", self.resolvers), ("cache-bytes", self.cacheBytes),
+            ("listen", self.listen), ("unix", self.unix), ("threads", self.threads), ("resolvers", self.resolvers), ("cache-bytes", self.cacheBytes),
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
@@ -109,6 +111,7 @@ struct ServeCommand: AsyncParsableCommand {
     func run() async throws {
         let settings = try self.settings()
         let configuration = try settings.serverConfiguration()
+        let threads = try settings.integer("threads", in: 1...1_024)
         if self.printConfig {
             print(settings.printed)
             return
@@ -161,7 +164,13 @@ struct ServeCommand: AsyncParsableCommand {
         let reader = store.snapshot
         let server: EntitlementsServer
         do {
-            server = try await EntitlementsServer.start(store: store, configuration: configuration, group: .singleton, metrics: metrics, logger: logger) { message in
+            server = try await EntitlementsServer.start(
+                store: store,
+                configuration: configuration,
+                group: MultiThreadedEventLoopGroup(numberOfThreads: threads),
+                metrics: metrics,
+                logger: logger
+            ) { message in
                 logger.notice("\(message)")
             }
         } catch {

@@ -27,6 +27,7 @@ struct ServeSettings {
         Key(name: "listen", defaultValue: "127.0.0.1:7420", help: "TCP address HOST:PORT; port 0 picks one"),
         Key(name: "unix", defaultValue: nil, help: "also listen on this Unix domain socket"),
         Key(name: "no-tcp", defaultValue: "false", help: "listen only on --unix"),
+        Key(name: "threads", defaultValue: "\(System.coreCount)", help: "event loop threads for connections and resolvers; default: CPU cores"),
         Key(name: "resolvers", defaultValue: "\(System.coreCount)", help: "resolver actors (cache shards); default: CPU cores"),
         Key(name: "cache-bytes", defaultValue: "256MiB", help: "cache budget across all resolvers"),
         Key(name: "max-frame-bytes", defaultValue: "1048576", help: "largest request payload"),
@@ -202,6 +203,7 @@ struct ServeSettings {
         _ = try self.duration("drain-timeout")
         _ = try self.address("admin")
         _ = try self.logLevel()
+        _ = try self.integer("threads", in: 1...1_024)
         return ServerConfiguration(
             tcp: noTCP ? nil : try self.address("listen"),
             unixSocketPath: self.text("unix"),

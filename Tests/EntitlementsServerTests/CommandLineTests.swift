@@ -143,6 +143,7 @@ struct CommandLineTests {
         (["watch"], "give --user ID (repeatable) or --all"),
         (["serve", "--snapshot", "x", "--idle-timeout", "forever"], "--idle-timeout \"forever\" is not a duration such as 250ms, 30s, 5m or 1h"),
         (["serve", "--snapshot", "x", "--max-connections", "0"], "--max-connections must be 1 to 1000000, got \"0\""),
+        (["serve", "--snapshot", "x", "--threads", "none"], "--threads must be 1 to 1024, got \"none\""),
         (["serve", "--snapshot", "x", "--log-level", "loud"], "--log-level must be trace, debug, info"),
         (["serve", "--snapshot", "x", "--admin", "7421"], "--admin \"7421\" is not HOST:PORT"),
         (["serve", "--snapshot", "x", "--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read it"),

@@ -167,7 +167,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     // MARK: Requests
 
     private func request(_ frame: Frame) {
-        self.current = (frame.method, NIODeadline.now())
+        self.current = (frame.method, self.lastActivity)  // read by channelRead for this frame
         guard frame.requestID > self.lastRequestID else {
             self.connectionError(
                 .invalidArgument,
@@ -181,7 +181,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return  // after GOAWAY: not processed, no answer; the client retries elsewhere
         }
         let deadline = frame.timeoutMicroseconds > 0
-            ? NIODeadline.now() + .microseconds(Int64(frame.timeoutMicroseconds)) : nil
+            ? self.current.start + .microseconds(Int64(frame.timeoutMicroseconds)) : nil
         switch frame.method {
         case .checkEntitlements:
             self.check(frame, deadline: deadline)

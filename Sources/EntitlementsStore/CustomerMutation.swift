@@ -155,15 +155,9 @@ public struct CustomerMutation {
         var logged = request
         logged.userId = customerId
         var effect = WriteEffect(customerId: customerId, created: created, logged: .updateSubscriptionState(logged))
-        if let index = record.subscriptions.firstIndex(where: { $0.store == state.store && $0.originalTransactionId == chain }) {
-            if record.subscriptions[index] == state {
-                return effect
-            }
-            record.subscriptions[index] = state
-        } else {
-            record.subscriptions.append(state)
+        if Self.upsert(state, into: &record.subscriptions, matching: { $0.store == state.store && $0.originalTransactionId == chain }) {
+            effect.records[customerId] = record
         }
-        effect.records[customerId] = record
         return effect
     }
 
@@ -186,16 +180,10 @@ public struct CustomerMutation {
         logged.userId = customerId
         logged.grant = grant
         var effect = WriteEffect(customerId: customerId, created: created, logged: .grantEntitlement(logged))
-        if let index = record.grants.firstIndex(where: { $0.grantId == grantId }) {
-            if record.grants[index] == grant {
-                return effect
-            }
-            // A grant id names one grant: granting it again replaces it (e.g. an extension).
-            record.grants[index] = grant
-        } else {
-            record.grants.append(grant)
+        // A grant id names one grant: granting it again replaces it (e.g. an extension).
+        if Self.upsert(grant, into: &record.grants, matching: { $0.grantId == grantId }) {
+            effect.records[customerId] = record
         }
-        effect.records[customerId] = record
         return effect
     }
 
@@ -273,6 +261,20 @@ public struct CustomerMutation {
     }
 
     // MARK: Helpers
+
+    /// Replaces the element `matching` finds with `element`, or appends it; returns whether
+    /// anything changed (an identical element already there changes nothing).
+    private static func upsert<Element: Equatable>(_ element: Element, into elements: inout [Element], matching: (Element) -> Bool) -> Bool {
+        guard let index = elements.firstIndex(where: matching) else {
+            elements.append(element)
+            return true
+        }
+        guard elements[index] != element else {
+            return false
+        }
+        elements[index] = element
+        return true
+    }
 
     /// The customer `userId` names, or a new, empty one with that id.
     private func recordOrNew(_ userId: String) throws -> (CustomerRecord, created: Bool) {

@@ -20,7 +20,8 @@ struct CommandLineTests {
         var text: String
     }
 
-    static func run(_ arguments: [String], environment: [String: String] = [:]) throws -> Output {
+    /// Launches `entitlements` with `arguments`, its standard output and error in one pipe.
+    static func launch(_ arguments: [String], environment: [String: String] = [:]) throws -> (Process, Pipe) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: Self.executable)
         process.arguments = arguments
@@ -29,6 +30,11 @@ struct CommandLineTests {
         process.standardOutput = pipe
         process.standardError = pipe
         try process.run()
+        return (process, pipe)
+    }
+
+    static func run(_ arguments: [String], environment: [String: String] = [:]) throws -> Output {
+        let (process, pipe) = try Self.launch(arguments, environment: environment)
         let data = pipe.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         return Output(status: process.terminationStatus, text: String(decoding: data, as: UTF8.self))
@@ -43,14 +49,7 @@ struct CommandLineTests {
     /// Runs `entitlements` with `arguments` (a `serve` on `127.0.0.1:0`) and waits for its
     /// `listening on` line: the process, its output pipe, what it printed, and the port.
     static func start(_ arguments: [String], environment: [String: String] = [:]) throws -> (Process, Pipe, String, Int) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.executable)
-        process.arguments = arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
+        let (process, pipe) = try Self.launch(arguments, environment: environment)
         var seen = ""
         while !seen.contains("listening on 127.0.0.1:") || !seen.hasSuffix("\n") {
             let chunk = pipe.fileHandleForReading.availableData

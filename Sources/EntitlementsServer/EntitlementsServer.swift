@@ -232,11 +232,8 @@ public final class EntitlementsServer: Sendable {
                         services.metrics.connections.decrement()
                         services.channels.withLock { $0[id] = nil }
                     }
-                    let progress = FrameProgress()
-                    try channel.pipeline.syncOperations.addHandlers(
-                        SlowSenderGuard(progress: progress, timeout: configuration.frameTimeout),
-                        ByteToMessageHandler(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize)),
-                        ServerConnectionHandler(services: services, configuration: configuration, progress: progress)
+                    try channel.pipeline.syncOperations.addHandler(
+                        ServerConnectionHandler(services: services, configuration: configuration)
                     )
                 }
             }

@@ -228,17 +228,21 @@ public final class ResolverPool: Sendable {
         let first = self.resolver(for: query.userId)
         Self.onLoop(of: first) {
             let outcome = first.assumeIsolated { $0.check(query) }
-            // At most one extra hop: the owner is asked about its own customer and never
-            // forwards.
             switch outcome {
             case .forward(let shard, let customerId):
-                let owner = self.resolvers[shard]
-                Self.onLoop(of: owner) {
-                    promise.succeed(owner.assumeIsolated { $0.check(query, customerId: customerId) })
-                }
+                self.check(query, owner: shard, customerId: customerId, completing: promise)
             default:
                 promise.succeed(outcome)
             }
+        }
+    }
+
+    /// Asks resolver `owner` about its own customer `customerId` (a forwarded alias); it
+    /// never forwards again, so an alias costs at most one extra hop.
+    func check(_ query: CheckQuery, owner: Int, customerId: String, completing promise: EventLoopPromise<CheckOutcome>) {
+        let resolver = self.resolvers[owner]
+        Self.onLoop(of: resolver) {
+            promise.succeed(resolver.assumeIsolated { $0.check(query, customerId: customerId) })
         }
     }
 

@@ -17,14 +17,21 @@ import Darwin
 ///
 /// Runs on the connection's event loop; all its state is confined there.
 final class ServerConnectionHandler: ChannelInboundHandler {
-    typealias InboundIn = Frame
+    typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
     private let services: ServerServices
     private var pool: ResolverPool { self.services.pool }
     private let configuration: ServerConfiguration
     private var health: ServerHealth { self.services.health }
-    private let progress: FrameProgress
+    /// Frames are decoded here, not by a ByteToMessageHandler before this handler: no
+    /// pipeline hop and no NIOAny box per frame.
+    private let frames: NIOSingleStepByteToMessageProcessor<FrameDecoder>
+    /// Bytes read from the socket, and bytes of complete frames, for the slow-sender guard.
+    private var received = 0
+    private var consumed = 0
+    private var slowSenderTimer: Scheduled<Void>?
+    private var consumedWhenArmed = 0
     /// When the last frame arrived, for the idle timeout.
     private var lastActivity = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
@@ -54,16 +61,19 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var readsPaused = false
     private var inReadBatch = false
     private var needsFlush = false
+    /// Frames not yet handed to the channel (see `sendOutgoing`).
+    private var outgoing = ByteBuffer()
     private var context: ChannelHandlerContext!
 
-    init(services: ServerServices, configuration: ServerConfiguration, progress: FrameProgress) {
+    init(services: ServerServices, configuration: ServerConfiguration) {
         self.services = services
         self.configuration = configuration
-        self.progress = progress
+        self.frames = NIOSingleStepByteToMessageProcessor(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        self.outgoing = context.channel.allocator.buffer(capacity: 1_024)
         self.armIdleTimer(at: NIODeadline.now() + self.configuration.idleTimeout)
     }
 
@@ -99,6 +109,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.watches.removeAll()
         self.idleTimer?.cancel()
         self.idleTimer = nil
+        self.slowSenderTimer?.cancel()
+        self.slowSenderTimer = nil
         self.context = nil
     }
 
@@ -108,10 +120,26 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard !self.closing else {
             return
         }
+        let bytes = self.unwrapInboundIn(data)
+        self.received += bytes.readableBytes
         self.inReadBatch = true
-        let frame = self.unwrapInboundIn(data)
-        self.progress.consumed += Frame.headerSize + frame.payload.readableBytes
+        // One clock read per read: the idle clock and the latency start of its frames.
         self.lastActivity = NIODeadline.now()
+        do {
+            try self.frames.process(buffer: bytes) { frame in
+                self.handle(frame)
+            }
+        } catch {
+            self.frameError(error)
+        }
+        self.guardAgainstSlowSender()
+    }
+
+    private func handle(_ frame: Frame) {
+        guard !self.closing else {
+            return
+        }
+        self.consumed += Frame.headerSize + frame.payload.readableBytes
         switch frame.type {
         case .request:
             self.request(frame)
@@ -122,10 +150,35 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         case .pong:
             break
         case .error:
-            context.close(promise: nil)
+            self.closing = true
+            self.context.close(promise: nil)
         case .response, .streamMessage, .endOfStream, .goAway:
             self.connectionError(.invalidArgument, "a client must not send \(frame.type) frames", requestID: frame.requestID)
         }
+    }
+
+    /// A malformed frame: ERROR with the decoder's reason, then close.
+    private func frameError(_ error: any Error) {
+        if let error = error as? FrameError {
+            self.connectionError(error.status, error.description, requestID: 0)
+        } else {
+            self.connectionError(.invalidArgument, "\(error)", requestID: 0)
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        // The peer closed: a frame it left unfinished is reported (logged), not answered.
+        if !self.closing {
+            do {
+                try self.frames.finishProcessing(seenEOF: true) { _ in }
+            } catch {
+                self.services.logger.info(
+                    "connection error",
+                    metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "error": "\(error)"]
+                )
+            }
+        }
+        context.fireChannelInactive()
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -145,15 +198,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if let error = error as? FrameError {
-            self.connectionError(error.status, error.description, requestID: 0)
-        } else {
-            self.services.logger.info(
-                "connection error",
-                metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "error": "\(error)"]
-            )
-            context.close(promise: nil)
-        }
+        self.services.logger.info(
+            "connection error",
+            metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "error": "\(error)"]
+        )
+        context.close(promise: nil)
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -221,27 +270,65 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             deadline: deadline
         )
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        self.accept(requestID, deadline: deadline)
-        let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
-        self.pool.check(query, completing: promise)
-        promise.futureResult.assumeIsolated().whenSuccess { outcome in
-            self.complete(requestID) { buffer in
-                switch outcome {
-                case .answer(let answer, let customerId, let fromCache):
-                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: query.instant, into: &buffer)
-                    return fromCache ? .fromCache : []
-                case .deadlineExceeded, .forward:
-                    return nil
-                case .failed(let reason):
-                    buffer.writeString(reason)
-                    return nil
-                }
+        // The common case, one resolver per event loop: the resolver runs on this loop, so
+        // the check is answered now, with no promise, no pending entry and no hop.
+        let first = self.pool.resolver(for: userId)
+        var outcome: CheckOutcome?
+        if first.eventLoop === self.context.eventLoop {
+            outcome = first.assumeIsolated { $0.check(query) }
+        }
+        switch outcome {
+        case .some(.forward(let shard, let customerId)):
+            // An alias of another resolver's customer: that resolver answers.
+            self.accept(requestID, deadline: deadline)
+            let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
+            self.pool.check(query, owner: shard, customerId: customerId, completing: promise)
+            self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
+        case .some(let outcome):
+            self.answer(Call(timer: nil, method: self.current.method, start: self.current.start), requestID) { buffer in
+                Self.writeCheck(outcome, userId: userId, instant: query.instant, into: &buffer)
             } failure: {
-                switch outcome {
-                case .failed: return .internalError
-                default: return .deadlineExceeded
-                }
+                Self.status(of: outcome)
             }
+            self.afterCompletion()
+        case .none:
+            self.accept(requestID, deadline: deadline)
+            let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
+            self.pool.check(query, completing: promise)
+            self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
+        }
+    }
+
+    /// Answers an accepted check when its resolver on another event loop is done.
+    private func answerLater(_ requestID: UInt64, userId: String, instant: Int64, _ outcome: EventLoopFuture<CheckOutcome>) {
+        outcome.assumeIsolated().whenSuccess { outcome in
+            self.complete(requestID) { buffer in
+                Self.writeCheck(outcome, userId: userId, instant: instant, into: &buffer)
+            } failure: {
+                Self.status(of: outcome)
+            }
+        }
+    }
+
+    /// Writes a check's RESPONSE payload: the answer's bytes and nil flags for a failure
+    /// (whose message it writes).
+    private static func writeCheck(_ outcome: CheckOutcome, userId: String, instant: Int64, into buffer: inout ByteBuffer) -> FrameFlags? {
+        switch outcome {
+        case .answer(let answer, let customerId, let fromCache):
+            answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, into: &buffer)
+            return fromCache ? .fromCache : []
+        case .deadlineExceeded, .forward:
+            return nil
+        case .failed(let reason):
+            buffer.writeString(reason)
+            return nil
+        }
+    }
+
+    private static func status(of outcome: CheckOutcome) -> StatusCode {
+        switch outcome {
+        case .failed: .internalError
+        default: .deadlineExceeded
         }
     }
 
@@ -565,12 +652,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let shouldPause = self.pending.count >= self.configuration.maximumInFlightPerConnection || !context.channel.isWritable
         if shouldPause, !self.readsPaused {
             self.readsPaused = true
-            self.progress.readsPaused = true
-            context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+                        context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
         } else if !shouldPause, self.readsPaused {
             self.readsPaused = false
-            self.progress.readsPaused = false
-            context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
+                        context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
             context.read()
         }
     }
@@ -587,37 +672,45 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return
         }
         call.timer?.cancel()
-        var buffer = self.context.channel.allocator.buffer(capacity: 512)
-        buffer.moveWriterIndex(forwardBy: Frame.headerSize)
-        buffer.moveReaderIndex(forwardBy: Frame.headerSize)
-        let flags = body(&buffer)
-        guard buffer.readableBytes <= Frame.defaultMaximumPayloadSize else {
+        self.metrics.inFlight.decrement()
+        self.answer(call, requestID, body, failure: failure)
+        self.afterCompletion()
+    }
+
+    /// Writes the RESPONSE frame of `call` (no longer pending) straight into the outgoing
+    /// bytes: no buffer of its own.
+    private func answer(
+        _ call: Call,
+        _ requestID: UInt64,
+        _ body: (inout ByteBuffer) -> FrameFlags?,
+        failure: () -> StatusCode
+    ) {
+        let frameStart = self.outgoing.writerIndex
+        self.outgoing.writeRepeatingByte(0, count: Frame.headerSize)  // the header, once the length is known
+        let flags = body(&self.outgoing)
+        let payloadLength = self.outgoing.writerIndex - frameStart - Frame.headerSize
+        guard payloadLength <= Frame.defaultMaximumPayloadSize else {
             // Clients accept 1 MiB by default (docs/PROTOCOL.md): a larger answer would be
             // a connection error on their side, failing every call on the connection.
-            self.pending[requestID] = call
-            self.fail(
-                requestID,
-                .resourceExhausted,
-                "the answer is \(buffer.readableBytes) bytes; a frame carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)"
-            )
+            self.outgoing.moveWriterIndex(to: frameStart)
+            let message = "the answer is \(payloadLength) bytes; a frame carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)"
+            self.metrics.answered(call.method, .resourceExhausted, since: call.start)
+            self.outgoing.writeFrame(.failure(id: requestID, status: .resourceExhausted, message: message))
+            self.sendOutgoing()
             return
         }
-        let payloadLength = UInt32(buffer.readableBytes)
-        buffer.moveReaderIndex(to: 0)
-        let end = buffer.writerIndex
-        buffer.moveWriterIndex(to: 0)
+        let end = self.outgoing.writerIndex
+        self.outgoing.moveWriterIndex(to: frameStart)
         if let flags {
-            buffer.writeFrameHeader(type: .response, flags: flags, requestID: requestID, payloadLength: payloadLength)
+            self.outgoing.writeFrameHeader(type: .response, flags: flags, requestID: requestID, payloadLength: UInt32(payloadLength))
             self.metrics.answered(call.method, .ok, since: call.start)
         } else {
             let status = failure()
-            buffer.writeFrameHeader(type: .response, status: status, requestID: requestID, payloadLength: payloadLength)
+            self.outgoing.writeFrameHeader(type: .response, status: status, requestID: requestID, payloadLength: UInt32(payloadLength))
             self.metrics.answered(call.method, status, since: call.start)
         }
-        self.metrics.inFlight.decrement()
-        buffer.moveWriterIndex(to: end)
-        self.send(buffer)
-        self.afterCompletion()
+        self.outgoing.moveWriterIndex(to: end)
+        self.sendOutgoing()
     }
 
     /// Fails a call (pending or not yet accepted) with a status and a message.
@@ -629,31 +722,68 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         } else {
             self.metrics.answered(self.current.method, status, since: self.current.start)  // refused before it was accepted
         }
-        var buffer = self.context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
-        buffer.writeFrame(.failure(id: requestID, status: status, message: message))
-        self.send(buffer)
+        self.outgoing.writeFrame(.failure(id: requestID, status: status, message: message))
+        self.sendOutgoing()
         self.afterCompletion()
     }
 
     private func write(header type: FrameType, requestID: UInt64, payload: ByteBuffer?) {
-        var buffer = self.context.channel.allocator.buffer(capacity: Frame.headerSize)
-        buffer.writeFrame(Frame(type: type, requestID: requestID, payload: payload ?? ByteBuffer()))
-        self.send(buffer)
+        self.outgoing.writeFrame(Frame(type: type, requestID: requestID, payload: payload ?? ByteBuffer()))
+        self.sendOutgoing()
     }
 
     private func send(_ buffer: ByteBuffer) {
-        self.context.write(self.wrapOutboundOut(buffer), promise: nil)
+        self.outgoing.writeImmutableBuffer(buffer)
+        self.sendOutgoing()
+    }
+
+    /// Frames written into `outgoing` go out with one write per read batch (flushed at its
+    /// end), or at once outside a read batch (a hop's answer, a watch event, a timer).
+    private func sendOutgoing() {
         if self.inReadBatch {
             self.needsFlush = true
+            if self.outgoing.readableBytes >= Self.outgoingWriteThreshold {
+                self.writeOutgoing()  // bounded memory; writability then reflects it
+            }
         } else {
+            self.writeOutgoing()
             self.context.flush()
+            self.recycleOutgoing()
         }
     }
+
+    /// Hands the outgoing bytes to the channel (not flushed).
+    private func writeOutgoing() {
+        guard self.outgoing.readableBytes > 0 else {
+            return
+        }
+        self.context.write(self.wrapOutboundOut(self.outgoing), promise: nil)
+        // Not clear(): the channel still holds the storage, and clearing a shared buffer
+        // allocates. Consumed, it is reused by `recycleOutgoing` once the channel lets go.
+        self.outgoing.moveReaderIndex(to: self.outgoing.writerIndex)
+    }
+
+    /// After a flush: once the socket has taken every byte the channel drops its reference
+    /// and the storage is ours again, so `clear()` reuses it (no allocation next batch). A
+    /// buffer grown by a large answer is not kept per connection.
+    private func recycleOutgoing() {
+        if self.outgoing.capacity > Self.outgoingWriteThreshold {
+            self.outgoing = ByteBuffer()
+        } else {
+            self.outgoing.clear()
+        }
+    }
+
+    /// Outgoing bytes above this are written before the read batch ends; a buffer that
+    /// grew above it is not kept.
+    private static let outgoingWriteThreshold = 16 * 1024
 
     private func flushIfNeeded() {
         if self.needsFlush {
             self.needsFlush = false
+            self.writeOutgoing()
             self.context.flush()
+            self.recycleOutgoing()
         }
     }
 
@@ -697,11 +827,52 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             "connection error",
             metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "status": "\(status)", "error": "\(message)"]
         )
+        self.writeOutgoing()  // answers already written go first
         var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
         buffer.writeFrame(.error(id: requestID, status: status, message: message))
         context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
             context.close(promise: nil)
         }
+    }
+
+    // MARK: Slow senders
+
+    /// Cuts off a sender that starts a frame and does not finish it within the frame
+    /// timeout (slowloris: holding a connection with a trickle of bytes). Armed while a
+    /// frame is partial; time the server itself stopped reading is not held against it.
+    private func guardAgainstSlowSender() {
+        if self.received > self.consumed {
+            if self.slowSenderTimer == nil {
+                self.armSlowSenderTimer()
+            }
+        } else {
+            self.slowSenderTimer?.cancel()
+            self.slowSenderTimer = nil
+        }
+    }
+
+    private func armSlowSenderTimer() {
+        self.consumedWhenArmed = self.consumed
+        self.slowSenderTimer = self.context.eventLoop.assumeIsolated().scheduleTask(in: self.configuration.frameTimeout) {
+            self.slowSenderTimer = nil
+            self.slowSenderTimerFired()
+        }
+    }
+
+    private func slowSenderTimerFired() {
+        guard self.context != nil, !self.closing, self.received > self.consumed else {
+            return  // nothing partial
+        }
+        if self.readsPaused || self.consumed != self.consumedWhenArmed {
+            self.armSlowSenderTimer()  // frames completed meanwhile, or we stopped reading
+            return
+        }
+        let seconds = Double(self.configuration.frameTimeout.nanoseconds) / 1e9
+        self.connectionError(
+            .deadlineExceeded,
+            "a frame started \(seconds) s ago has not arrived in full (\(self.received - self.consumed) bytes so far); closing",
+            requestID: 0
+        )
     }
 
     // MARK: Helpers

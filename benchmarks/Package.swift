@@ -7,15 +7,18 @@ import struct Foundation.URL
 let mainPackage = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().lastPathComponent
 
 // Benchmarks live in their own package so that the main build never compiles the
-// benchmark harness (package-benchmark) or, later, the gRPC peers.
+// benchmark harness (package-benchmark) or the gRPC peer.
 let package = Package(
     name: "entitlements-benchmarks",
-    platforms: [.macOS(.v14)],
+    platforms: [.macOS(.v15)],
     dependencies: [
         .package(path: ".."),
         .package(url: "https://github.com/ordo-one/benchmark.git", from: "1.38.1", traits: ["MallocInterposer"]),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
+        // The gRPC peer: grpc-swift-2 over HTTP/2 (grpc-swift-nio-transport).
+        .package(url: "https://github.com/grpc/grpc-swift-2.git", from: "2.4.3"),
+        .package(url: "https://github.com/grpc/grpc-swift-nio-transport.git", from: "2.9.2"),
     ],
     targets: [
         // Microbenchmarks of the wire path: protobuf-c shim and frame codec.
@@ -77,11 +80,42 @@ let package = Package(
             path: "Sources/QuickLoad",
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // CheckEntitlements as a gRPC method, with the protobuf-c shim as its codec: shared
+        // by the gRPC peer and the load generator.
+        .target(
+            name: "GRPCCheckService",
+            dependencies: [
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "GRPCCore", package: "grpc-swift-2"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            path: "Sources/GRPCCheckService",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        // The gRPC peer: the same resolvers and caches behind grpc-swift-2 (HTTP/2).
+        .executableTarget(
+            name: "GRPCPeer",
+            dependencies: [
+                "GRPCCheckService",
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "EntitlementsServer", package: mainPackage),
+                .product(name: "EntitlementsStore", package: mainPackage),
+                .product(name: "GRPCCore", package: "grpc-swift-2"),
+                .product(name: "GRPCNIOTransportHTTP2Posix", package: "grpc-swift-nio-transport"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Sources/GRPCPeer",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // The load generator of run.sh: closed and open loop, uniform or Zipf keys, our
-        // protocol or Redis GET, HdrHistogram percentiles, JSON summaries.
+        // protocol, Redis GET or gRPC, HdrHistogram percentiles, JSON summaries.
         .executableTarget(
             name: "LoadGen",
             dependencies: [
+                "GRPCCheckService",
+                .product(name: "GRPCCore", package: "grpc-swift-2"),
+                .product(name: "GRPCNIOTransportHTTP2Posix", package: "grpc-swift-nio-transport"),
                 .product(name: "EntitlementsMessages", package: mainPackage),
                 .product(name: "EntitlementsWire", package: mainPackage),
                 .product(name: "EntitlementsResolver", package: mainPackage),

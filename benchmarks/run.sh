@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
 # One command for the side-by-side benchmarks (benchmarks/README.md):
 #
-#   benchmarks/run.sh           # full: 10 s per profile, 100,000 customers
-#   benchmarks/run.sh --quick   # 2 s per profile, 10,000 customers (CI, so this cannot rot)
+#   benchmarks/run.sh             # full: 3 rounds, 10 s per profile, 100,000 customers
+#   benchmarks/run.sh --quick     # 1 round, 2 s per profile, 10,000 customers (CI, so this cannot rot)
+#   benchmarks/run.sh --runs 5    # more rounds; the summary reports the median of each cell
 #
 # Installs what is missing (redis-server, matplotlib), builds release, generates the data
-# set, starts each system pinned to one core (the load generator on another), runs the
+# sets, starts each system pinned to one core (the load generator on another), runs the
 # profiles against each in turn with the same keys and payload bytes, and writes
-# benchmarks/results/<date>/ (or .build/bench-quick/ for --quick): summary.md with ratios,
-# one JSON summary and one percentile distribution per run, and latency.png.
+# benchmarks/results/<date>/ (or .build/bench-quick/ for --quick): summary.md with ratios
+# to Redis and to gRPC, one JSON summary and one percentile distribution per run, and
+# latency.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-QUICK=0
-[ "${1:-}" = "--quick" ] && QUICK=1
+QUICK=0; RUNS=3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; RUNS=1 ;;
+    --runs) [ $# -ge 2 ] && [ "$2" -ge 1 ] 2>/dev/null || { echo "run.sh: --runs takes a whole number >= 1" >&2; exit 2; }; RUNS=$2; shift ;;
+    *) echo "run.sh: unknown argument '$1' (use --quick or --runs N)" >&2; exit 2 ;;
+  esac
+  shift
+done
 if [ $QUICK = 1 ]; then
   DURATION=2; WARMUP=1; CUSTOMERS=10000; OUT=.build/bench-quick
+  COLD_CUSTOMERS=200000; COLD_CACHE=2MiB
 else
   DURATION=10; WARMUP=2; CUSTOMERS=100000; OUT=benchmarks/results/$(date -u +%Y-%m-%d)
+  COLD_CUSTOMERS=5000000; COLD_CACHE=64MiB
 fi
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491
+PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491; GRPC_PORT=7493
 
 # 1. What is missing.
 make deps >/dev/null
@@ -37,69 +48,98 @@ python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet mat
 # 2. Build.
 swift build -c release --product entitlements
 swift build -c release --package-path benchmarks --product LoadGen
+swift build -c release --package-path benchmarks --product GRPCPeer
 ENT=.build/release/entitlements
 LOAD=benchmarks/.build/release/LoadGen
+GRPC=benchmarks/.build/release/GRPCPeer
 
-# 3. Data: the same customers for every system.
+# 3. Data: the same customers for every system; a large set for the cold profile.
 WORK=$(mktemp -d)
-mkdir -p "$OUT"
+rm -rf "$OUT"; mkdir -p "$OUT"
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
+$ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
 
 # 4. Pinning: servers on CPU 0, the load generator on CPU 1 (when there are two).
-# Redis runs one thread; ours gets one event loop thread on its one core (--threads 1):
-# more threads than cores only adds context switches (measured: 50 x 16 went from 72k to
-# 150k requests/s on one pinned core).
-if [ "$(nproc)" -ge 2 ]; then SERVER_CPU="taskset -c 0"; CLIENT_CPU="taskset -c 1"; THREADS="--threads 1 --resolvers 1"; else SERVER_CPU=""; CLIENT_CPU=""; THREADS=""; fi
+# Redis runs one thread; ours and the gRPC peer get one event loop thread on their one core
+# (--threads 1): more threads than cores only adds context switches (measured: 50 x 16
+# went from 72k to 150k requests/s on one pinned core).
+if [ "$(nproc)" -ge 2 ]; then SERVER_CPU="taskset -c 0"; CLIENT_CPU="taskset -c 1"; THREADS="--threads 1 --resolvers 1"; GRPC_THREADS="--threads 1"; else SERVER_CPU=""; CLIENT_CPU=""; THREADS=""; GRPC_THREADS=""; fi
 
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK" "$UNIX_SOCKET"; }
 trap cleanup EXIT
 
 wait_for() { # file pattern
-  for _ in $(seq 1 600); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  for _ in $(seq 1 3000); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
   echo "run.sh: timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1
 }
+stop() { kill -INT "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true; PIDS=(); }
 
 load() { # system profile args...
   local system=$1 profile=$2; shift 2
-  $CLIENT_CPU $LOAD run "$@" --duration $DURATION --warmup $WARMUP --customers $CUSTOMERS \
-    --label "$system $profile" --json "$OUT/$system-$profile.json" --distribution "$OUT/$system-$profile.hgrm"
+  $CLIENT_CPU $LOAD run "$@" --duration $DURATION --warmup $WARMUP --server-pid "${PIDS[0]}" \
+    --label "$system $profile (run $ROUND)" --json "$OUT/$system-$profile-run$ROUND.json" --distribution "$OUT/$system-$profile-run$ROUND.hgrm"
 }
-
 throughput() { python3 -c "import json,sys; print(int(json.load(open(sys.argv[1]))['throughput']))" "$1"; }
 
-# 5. Redis: persistence off, each customer's encoded CheckEntitlementsResponse as a string.
-$SERVER_CPU redis-server --port $REDIS_PORT --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
-PIDS+=($!)
-wait_for "$WORK/redis.log" "Ready to accept connections"
-$LOAD load-redis --port $REDIS_PORT --snapshot "$WORK/data.snap"
-REDIS=(--target redis --port $REDIS_PORT)
-load redis p1 "${REDIS[@]}" --connections 1 --in-flight 1
-load redis p2 "${REDIS[@]}" --connections 50 --in-flight 1
-load redis p3 "${REDIS[@]}" --connections 50 --in-flight 16
-load redis p4 "${REDIS[@]}" --connections 50 --rate $(( $(throughput "$OUT/redis-p2.json") / 2 ))
-kill "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true; PIDS=()
+# The four shared profiles against one system: p4's rate is half its own p2 maximum.
+shared_profiles() { # system args...
+  local system=$1; shift
+  load $system p1 "$@" --customers $CUSTOMERS --connections 1 --in-flight 1
+  load $system p2 "$@" --customers $CUSTOMERS --connections 50 --in-flight 1
+  load $system p3 "$@" --customers $CUSTOMERS --connections 50 --in-flight 16
+  load $system p4 "$@" --customers $CUSTOMERS --connections 50 --rate $(( $(throughput "$OUT/$system-p2-run$ROUND.json") / 2 ))
+}
 
-# 6. This service, read-only on the same snapshot, with its cache holding every customer.
-$SERVER_CPU $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --unix $UNIX_SOCKET $THREADS > "$WORK/serve.log" 2>&1 &
-PIDS+=($!)
-wait_for "$WORK/serve.log" "listening on unix:"
-OURS=(--target entitlements --port $PORT)
-load entitlements p1 "${OURS[@]}" --connections 1 --in-flight 1
-load entitlements p2 "${OURS[@]}" --connections 50 --in-flight 1
-load entitlements p3 "${OURS[@]}" --connections 50 --in-flight 16
-load entitlements p4 "${OURS[@]}" --connections 50 --rate $(( $(throughput "$OUT/entitlements-p2.json") / 2 ))
-load entitlements p7-unix --target entitlements --unix $UNIX_SOCKET --connections 50 --in-flight 1
-grep VmHWM "/proc/${PIDS[0]}/status" | awk '{print $2}' > "$OUT/entitlements-rss-kib.txt"
-kill -INT "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true; PIDS=()
+for ROUND in $(seq 1 $RUNS); do
+  echo "run.sh: round $ROUND of $RUNS"
 
-# 7. Profile 6: 95% checks, 5% writes, on a data directory (group commit).
-$SERVER_CPU $ENT serve --data-dir "$WORK/data" --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT $THREADS > "$WORK/serve-writes.log" 2>&1 &
-PIDS+=($!)
-wait_for "$WORK/serve-writes.log" "listening on 127.0.0.1:$PORT"
-load entitlements p6-mixed "${OURS[@]}" --connections 50 --in-flight 1 --write-percent 5
-kill -INT "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true; PIDS=()
+  # 5. Redis: persistence off, each customer's encoded CheckEntitlementsResponse as a string.
+  $SERVER_CPU redis-server --port $REDIS_PORT --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/redis.log" "Ready to accept connections"
+  $LOAD load-redis --port $REDIS_PORT --snapshot "$WORK/data.snap"
+  shared_profiles redis --target redis --port $REDIS_PORT
+  if [ $ROUND = 1 ]; then
+    # The cross-check: redis-benchmark GETs one customer's bytes, 50 x 1, against LoadGen's p2.
+    $CLIENT_CPU redis-benchmark -p $REDIS_PORT -c 50 -P 1 -n $(( QUICK == 1 ? 50000 : 500000 )) --csv GET user-1 \
+      > "$OUT/redis-benchmark-get.csv" 2>/dev/null || true
+  fi
+  stop
 
-# 8. Summary, ratios and the plot.
-python3 benchmarks/summarize.py "$OUT" $([ $QUICK = 1 ] && echo --quick)
+  # 6. This service, read-only on the same snapshot, with its cache holding every customer.
+  $SERVER_CPU $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --unix $UNIX_SOCKET $THREADS > "$WORK/serve.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/serve.log" "listening on unix:"
+  shared_profiles entitlements --target entitlements --port $PORT
+  load entitlements p7-unix --target entitlements --unix $UNIX_SOCKET --customers $CUSTOMERS --connections 50 --in-flight 1
+  grep VmHWM "/proc/${PIDS[0]}/status" | awk '{print $2}' > "$OUT/entitlements-rss-kib.txt"
+  stop
+
+  # 7. The gRPC peer: the same resolvers and cache behind grpc-swift-2 (HTTP/2).
+  $SERVER_CPU $GRPC --snapshot "$WORK/data.snap" --port $GRPC_PORT $GRPC_THREADS > "$WORK/grpc.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/grpc.log" "listening on"
+  shared_profiles grpc --target grpc --port $GRPC_PORT
+  stop
+
+  # 8. Profile 6: 95% checks, 5% writes, on a data directory (group commit).
+  rm -rf "$WORK/data"
+  $SERVER_CPU $ENT serve --data-dir "$WORK/data" --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT $THREADS > "$WORK/serve-writes.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/serve-writes.log" "listening on 127.0.0.1:$PORT"
+  load entitlements p6-mixed --target entitlements --port $PORT --customers $CUSTOMERS --connections 50 --in-flight 1 --write-percent 5
+  stop
+
+  # 9. Profile 5, cold: Zipf keys over the large set, a cache far smaller than it.
+  $SERVER_CPU $ENT serve --snapshot "$WORK/cold.snap" --listen 127.0.0.1:$PORT --cache-bytes $COLD_CACHE $THREADS > "$WORK/serve-cold.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/serve-cold.log" "listening on 127.0.0.1:$PORT"
+  load entitlements p5-cold --target entitlements --port $PORT --customers $COLD_CUSTOMERS --keys zipf --connections 50 --in-flight 1
+  grep VmHWM "/proc/${PIDS[0]}/status" | awk '{print $2}' > "$OUT/entitlements-p5-rss-kib.txt"
+  stop
+done
+
+# 10. Summary (medians over the rounds), ratios and the plot.
+python3 benchmarks/summarize.py "$OUT" --cold-customers $COLD_CUSTOMERS --cold-cache $COLD_CACHE $([ $QUICK = 1 ] && echo --quick)
 echo "run.sh: results in $OUT"

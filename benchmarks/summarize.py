@@ -1,35 +1,63 @@
 #!/usr/bin/env python3
-"""Writes summary.md (with ratios to Redis) and latency.png from the JSON summaries and
-percentile distributions LoadGen left in a results folder. Used by run.sh."""
+"""Writes summary.md (medians over the rounds, ratios to Redis and to gRPC, the targets) and
+latency.png from the JSON summaries and percentile distributions LoadGen left in a results
+folder (<system>-<profile>-run<N>.json and .hgrm). Used by run.sh."""
+import argparse
 import glob
 import json
 import os
 import platform
+import re
+import statistics
 import subprocess
 import sys
 
-folder = sys.argv[1]
-quick = "--quick" in sys.argv
+parser = argparse.ArgumentParser()
+parser.add_argument("folder")
+parser.add_argument("--quick", action="store_true")
+parser.add_argument("--cold-customers", type=int, default=0)
+parser.add_argument("--cold-cache", default="")
+arguments = parser.parse_args()
+folder = arguments.folder
+
+# (system, profile) -> [summary of each round]
 runs = {}
-for path in glob.glob(os.path.join(folder, "*.json")):
+for path in sorted(glob.glob(os.path.join(folder, "*-run*.json"))):
+    match = re.match(r"(\w+)-(.+)-run(\d+)\.json$", os.path.basename(path))
+    if not match:
+        continue
     with open(path) as file:
         summary = json.load(file)
-    system, profile = os.path.basename(path)[:-5].split("-", 1)
-    runs[(system, profile)] = summary
+    summary["path"] = path[:-5]
+    runs.setdefault((match.group(1), match.group(2)), []).append(summary)
 
+SYSTEMS = ["redis", "grpc", "entitlements"]
 PROFILES = [
     ("p1", "1 connection x 1 in flight (latency floor)"),
     ("p2", "50 connections x 1 (throughput)"),
     ("p3", "50 connections x 16 pipelined"),
     ("p4", "open loop at 50% of the system's own p2 maximum"),
 ]
+KEYS = ["p50", "p90", "p99", "p99.9", "max"]
 
 
-def cell(system, profile, key):
-    run = runs.get((system, profile))
-    if run is None:
+def median(system, profile):
+    """The median of each figure over the rounds (each figure separately), or None."""
+    summaries = runs.get((system, profile))
+    if not summaries:
         return None
-    return run["throughput"] if key == "throughput" else run["latencyMicroseconds"][key]
+    result = {"throughput": statistics.median(s["throughput"] for s in summaries), "rounds": len(summaries)}
+    for key in KEYS:
+        result[key] = statistics.median(s["latencyMicroseconds"][key] for s in summaries)
+    result["each"] = [s["throughput"] for s in summaries]
+    for side in ["server", "client"]:
+        values = [s.get("cpuPercent", {}).get(side, -1) for s in summaries]
+        values = [v for v in values if v >= 0]
+        result["cpu_" + side] = statistics.median(values) if values else None
+    # The round whose throughput is the median: its distribution goes in the plot.
+    ordered = sorted(summaries, key=lambda s: s["throughput"])
+    result["path"] = ordered[(len(ordered) - 1) // 2]["path"]
+    return result
 
 
 def machine():
@@ -48,49 +76,116 @@ def machine():
     except (OSError, ValueError):
         pass
     swift = subprocess.run(["swift", "--version"], capture_output=True, text=True).stdout.splitlines()
-    return f"{os.cpu_count()} CPUs ({cpu}){memory}, {platform.system()} {platform.release()}, {swift[0] if swift else 'swift ?'}"
+    redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
+    redis_version = next((word[2:] for word in redis if word.startswith("v=")), "?")
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}){memory}, {platform.system()} {platform.release()}, "
+        f"{swift[0] if swift else 'swift ?'}, Redis {redis_version}"
+    )
 
 
+def cpu(run):
+    if run.get("cpu_server") is None or run.get("cpu_client") is None:
+        return ""
+    return f"{run['cpu_server']:.0f}%, {run['cpu_client']:.0f}%"
+
+
+def ratio(value, reference, digits=2):
+    return f"{value / reference:.{digits}f}x" if reference else ""
+
+
+rounds = max((len(v) for v in runs.values()), default=0)
 lines = [
-    "# Side by side: entitlements vs Redis GET of the same bytes",
+    "# Side by side: entitlements vs Redis GET of the same bytes vs gRPC over the same resolvers",
     "",
     f"Machine: {machine()}.",
-    "Each server pinned to CPU 0 (ours with `--threads 1 --resolvers 1`, as Redis runs one thread), the load generator (LoadGen, one event loop) to CPU 1.",
-    f"{'QUICK RUN (2 s per profile, 10,000 customers): checks that the harness works, not figures.' if quick else 'Each profile: 2 s warm-up, 10 s measured, 100,000 customers, uniform keys.'}",
+    "Each server pinned to CPU 0 (ours with `--threads 1 --resolvers 1`, the gRPC peer with one event loop, Redis with its one thread), "
+    "the load generator (LoadGen, one event loop) to CPU 1.",
+    "QUICK RUN (1 round, 2 s per profile, 10,000 customers): checks that the harness works, not figures."
+    if arguments.quick
+    else f"Each profile: 2 s warm-up, 10 s measured, 100,000 customers, uniform keys; {rounds} rounds, systems in turn within each round. "
+    "Every figure is the median over the rounds (each column separately); `runs` lists each round's throughput.",
     "Latency in microseconds. Open loop (p4) latency is measured from each request's scheduled send time.",
-    "The gRPC peer is not built yet: its column is missing (see benchmarks/README.md).",
     "",
-    "| profile | system | requests/s | p50 | p90 | p99 | p99.9 | max | throughput vs Redis | p99 vs Redis |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "`CPU` is the share of one core the server and the load generator used in the measured window: a side near 100% was the limit.",
+    "",
+    "| profile | system | requests/s | p50 | p90 | p99 | p99.9 | max | vs Redis: throughput, p99 | vs gRPC: throughput, p99 | CPU server, client | runs (requests/s) |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
 ]
 for profile, title in PROFILES:
-    for system in ["redis", "entitlements"]:
-        run = runs.get((system, profile))
+    redis, grpc = median("redis", profile), median("grpc", profile)
+    for system in SYSTEMS:
+        run = median(system, profile)
         if run is None:
             continue
-        latency = run["latencyMicroseconds"]
-        ratio = p99_ratio = ""
-        if system == "entitlements" and (redis := runs.get(("redis", profile))):
-            ratio = f"{run['throughput'] / redis['throughput']:.2f}x"
-            p99_ratio = f"{latency['p99'] / max(1, redis['latencyMicroseconds']['p99']):.2f}x"
+        versus_redis = versus_grpc = ""
+        if system != "redis" and redis:
+            versus_redis = f"{ratio(run['throughput'], redis['throughput'])}, {ratio(run['p99'], redis['p99'])}"
+        if system == "entitlements" and grpc:
+            versus_grpc = f"{ratio(run['throughput'], grpc['throughput'])}, {ratio(run['p99'], grpc['p99'])}"
+        each = " / ".join(f"{t:,.0f}" for t in run["each"])
         lines.append(
-            f"| {profile}: {title} | {system} | {run['throughput']:,.0f} | {latency['p50']} | {latency['p90']} | "
-            f"{latency['p99']} | {latency['p99.9']} | {latency['max']} | {ratio} | {p99_ratio} |"
+            f"| {profile}: {title} | {system} | {run['throughput']:,.0f} | {run['p50']:.0f} | {run['p90']:.0f} | "
+            f"{run['p99']:.0f} | {run['p99.9']:.0f} | {run['max']:.0f} | {versus_redis} | {versus_grpc} | {cpu(run)} | {each} |"
         )
-lines += ["", "This service only:", "", "| profile | requests/s | p50 | p99 | p99.9 |", "|---|---:|---:|---:|---:|"]
-for profile, title in [("p6-mixed", "95% checks, 5% writes (group commit)"), ("p7-unix", "Unix socket, 50 x 1 (compare p2 over TCP)")]:
-    run = runs.get(("entitlements", profile))
+
+# The targets of the benchmarks issue, each as measured.
+ours = {profile: median("entitlements", profile) for profile, _ in PROFILES}
+redis = {profile: median("redis", profile) for profile, _ in PROFILES}
+grpc = {profile: median("grpc", profile) for profile, _ in PROFILES}
+
+
+def target(name, value, goal, met):
+    return f"| {name} | {value} | {goal} | {'met' if met else 'not met'} |"
+
+
+lines += ["", "Targets (medians above):", "", "| target | measured | goal | |", "|---|---:|---:|---|"]
+if ours["p2"] and redis["p2"]:
+    value = ours["p2"]["throughput"] / redis["p2"]["throughput"]
+    lines.append(target("p2 throughput vs Redis", f"{value:.2f}x", ">= 1.0x", value >= 1.0))
+if ours["p3"] and redis["p3"]:
+    value = ours["p3"]["throughput"] / redis["p3"]["throughput"]
+    lines.append(target("p3 throughput vs Redis", f"{value:.2f}x", ">= 0.7x", value >= 0.7))
+if ours["p2"] and grpc["p2"]:
+    value = ours["p2"]["throughput"] / grpc["p2"]["throughput"]
+    lines.append(target("p2 throughput vs gRPC", f"{value:.2f}x", ">= 3x", value >= 3))
+if ours["p4"] and grpc["p4"]:
+    value = ours["p4"]["p99"] / max(1, grpc["p4"]["p99"])
+    lines.append(target("p4 p99 vs gRPC", f"{value:.2f}x", "<= 0.33x", value <= 1 / 3))
+if ours["p1"] and redis["p1"]:
+    value = ours["p1"]["p50"] / max(1, redis["p1"]["p50"])
+    lines.append(target("p1 p50 vs Redis", f"{value:.2f}x", "<= 1.2x", value <= 1.2))
+
+lines += ["", "This service only:", "", "| profile | requests/s | p50 | p99 | p99.9 | runs (requests/s) |", "|---|---:|---:|---:|---:|---|"]
+cold = f"p5: cold, Zipf keys over {arguments.cold_customers:,} customers, {arguments.cold_cache} cache, 50 x 1"
+for profile, title in [
+    ("p5-cold", cold),
+    ("p6-mixed", "p6: 95% checks, 5% writes (group commit), 50 x 1"),
+    ("p7-unix", "p7: Unix socket, 50 x 1 (compare p2 over TCP)"),
+]:
+    run = median("entitlements", profile)
     if run:
-        latency = run["latencyMicroseconds"]
-        lines.append(f"| {title} | {run['throughput']:,.0f} | {latency['p50']} | {latency['p99']} | {latency['p99.9']} |")
-rss = os.path.join(folder, "entitlements-rss-kib.txt")
-if os.path.exists(rss):
-    lines += ["", f"Peak resident memory of the read-only server: {int(open(rss).read().strip() or 0) / 1024:.0f} MiB."]
+        each = " / ".join(f"{t:,.0f}" for t in run["each"])
+        lines.append(f"| {title} | {run['throughput']:,.0f} | {run['p50']:.0f} | {run['p99']:.0f} | {run['p99.9']:.0f} | {each} |")
+for name, text in [("entitlements-rss-kib.txt", "read-only server, 100,000 customers, all cached"), ("entitlements-p5-rss-kib.txt", "cold profile (p5)")]:
+    path = os.path.join(folder, name)
+    if os.path.exists(path):
+        lines.append(f"\nPeak resident memory, {text}: {int(open(path).read().strip() or 0) / 1024:.0f} MiB (last round).")
+crosscheck = os.path.join(folder, "redis-benchmark-get.csv")
+if os.path.exists(crosscheck) and redis["p2"]:
+    rows = [line.strip().split(",") for line in open(crosscheck) if line.strip()]
+    values = [row[1].strip('"') for row in rows if len(row) > 1]
+    numbers = [float(v) for v in values if re.match(r"^[0-9.]+$", v)]
+    if numbers:
+        lines.append(
+            f"\nCross-check: `redis-benchmark -c 50 -P 1 GET user-1` (same pinning, round 1) gave {numbers[-1]:,.0f} requests/s; "
+            f"LoadGen's Redis p2 median is {redis['p2']['throughput']:,.0f} ({ratio(redis['p2']['throughput'], numbers[-1])})."
+        )
 with open(os.path.join(folder, "summary.md"), "w") as file:
     file.write("\n".join(lines) + "\n")
 print("\n".join(lines))
 
-# The plot: latency by percentile, open loop (p4) and throughput (p2), both systems.
+# The plot: latency by percentile, p2 (closed loop) and p4 (open loop), the three systems.
 try:
     import matplotlib
 
@@ -117,17 +212,18 @@ def distribution(path):
 
 figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
 for axis, profile in zip(axes, ["p2", "p4"]):
-    for system, style in [("redis", "--"), ("entitlements", "-")]:
-        path = os.path.join(folder, f"{system}-{profile}.hgrm")
-        if os.path.exists(path):
-            points = distribution(path)
+    for system, style in [("redis", "--"), ("grpc", ":"), ("entitlements", "-")]:
+        run = median(system, profile)
+        if run and os.path.exists(run["path"] + ".hgrm"):
+            points = distribution(run["path"] + ".hgrm")
             axis.plot([p[0] for p in points], [p[1] for p in points], style, label=system)
     axis.set_xscale("log")
+    axis.set_yscale("log")
     axis.set_xticks([1, 2, 10, 100, 1000, 10000])
     axis.set_xticklabels(["0%", "50%", "90%", "99%", "99.9%", "99.99%"])
     axis.set_xlabel("percentile")
-    axis.set_ylabel("latency (µs)")
-    axis.set_title(dict(PROFILES)[profile])
+    axis.set_ylabel("latency (µs, log scale)")
+    axis.set_title(dict(PROFILES)[profile] + " (median round)")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend()
 figure.tight_layout()

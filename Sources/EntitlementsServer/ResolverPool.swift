@@ -1,4 +1,4 @@
-import EntitlementsMessages
+public import EntitlementsMessages
 import EntitlementsResolver
 public import EntitlementsStore
 public import NIOCore
@@ -277,6 +277,40 @@ public final class ResolverPool: Sendable {
             body()
         } else {
             resolver.eventLoop.execute(body)
+        }
+    }
+}
+
+/// A check the resolvers could not answer.
+public struct CheckFailure: Error, CustomStringConvertible {
+    public var description: String
+}
+
+extension ResolverPool {
+    /// Answers one CheckEntitlements with these resolvers and caches, exactly as the server
+    /// does (an alias of another resolver's customer is forwarded), and returns the encoded
+    /// CheckEntitlementsResponse. For serving the resolvers over another transport: the
+    /// gRPC peer in benchmarks/ uses it, so that only the transport differs.
+    public func checkResponse(
+        userId: String,
+        environment: Environment = .production,
+        entitlementIds: [String] = [],
+        at instant: Int64
+    ) async throws -> ByteBuffer {
+        let promise = self.resolver(for: userId).eventLoop.makePromise(of: CheckOutcome.self)
+        self.check(
+            CheckQuery(userId: userId, environment: environment, entitlementIds: entitlementIds, instant: instant, deadline: nil),
+            completing: promise
+        )
+        switch try await promise.futureResult.get() {
+        case .answer(let answer, let customerId, _):
+            var buffer = ByteBuffer()
+            answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, into: &buffer)
+            return buffer
+        case .failed(let reason):
+            throw CheckFailure(description: reason)
+        case .deadlineExceeded, .forward:
+            throw CheckFailure(description: "the check was not answered")
         }
     }
 }

@@ -1,9 +1,9 @@
 // LoadGen: the load generator of benchmarks/run.sh, on SwiftNIO.
 //
-//   LoadGen run --target entitlements|redis --host H --port P [--unix PATH]
+//   LoadGen run --target entitlements|redis|grpc --host H --port P [--unix PATH]
 //               [--connections C] [--in-flight D] [--rate R] [--duration S] [--warmup S]
 //               [--customers N] [--keys uniform|zipf] [--zipf-s 0.99] [--write-percent W]
-//               [--json FILE] [--distribution FILE] [--label TEXT]
+//               [--json FILE] [--distribution FILE] [--label TEXT] [--server-pid PID]
 //   LoadGen load-redis --port P --snapshot FILE [--at UNIX_MS]
 //
 // Closed loop (default): each of C connections keeps D requests in flight. Open loop
@@ -26,7 +26,7 @@ import NIOPosix
 // MARK: Arguments
 
 enum Target: String, Sendable {
-    case entitlements, redis
+    case entitlements, redis, grpc
 }
 
 /// The command line, parsed once (a type's static constant: readable from any thread).
@@ -68,13 +68,13 @@ struct Settings: Sendable {
 
     var target: Target {
         guard let target = Target(rawValue: self.text("target", "entitlements")) else {
-            print("error: --target must be entitlements or redis")
+            print("error: --target must be entitlements, redis or grpc")
             exit(2)
         }
         return target
     }
     var host: String { self.text("host", "127.0.0.1") }
-    var port: Int { Int(self.number("port", self.target == .redis ? 6379 : 7420)) }
+    var port: Int { Int(self.number("port", [.redis: 6379, .grpc: 7493][self.target] ?? 7420)) }
     var unixPath: String? { self.options["unix"] }
     var connections: Int { Int(self.number("connections", 1)) }
     var inFlight: Int { Int(self.number("in-flight", 1)) }
@@ -145,8 +145,12 @@ let connections = settings.connections
 let rate = settings.rate
 let duration = settings.duration
 let writePercent = settings.writePercent
-if target == .redis, writePercent > 0 {
+if target != .entitlements, writePercent > 0 {
     print("error: --write-percent is for --target entitlements")
+    exit(2)
+}
+if target == .grpc, unixPath != nil {
+    print("error: --unix is for --target entitlements")
     exit(2)
 }
 
@@ -186,6 +190,51 @@ enum Window {
 }
 let results = Window.results
 _ = Window.end
+
+// MARK: CPU use
+
+/// CPU time (user + system, seconds) a process has used, from /proc/<pid>/stat.
+@Sendable func cpuSeconds(pid: String) -> Double? {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+        let end = stat.lastIndex(of: ")")
+    else { return nil }
+    // After "pid (comm) ": state is field 3; utime and stime are fields 14 and 15.
+    let fields = stat[stat.index(after: end)...].split(separator: " ")
+    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}
+
+/// The share of one core the server (`--server-pid`) and this load generator used during
+/// the measured window: shows which side was the limit.
+final class CPUSampler: Sendable {
+    let usage = NIOLockedValueBox<(server: Double?, client: Double?)>((nil, nil))
+    let done = DispatchSemaphore(value: 0)
+
+    func start() {
+        let serverPID = Settings.current.options["server-pid"]
+        let thread = Thread {
+            func sleep(until deadline: NIODeadline) {
+                let now = NIODeadline.now()
+                if deadline > now { usleep(UInt32((deadline - now).nanoseconds / 1_000)) }
+            }
+            sleep(until: Window.measureFrom)
+            let server0 = serverPID.flatMap(cpuSeconds(pid:))
+            let client0 = cpuSeconds(pid: "self")
+            sleep(until: Window.end)
+            let server1 = serverPID.flatMap(cpuSeconds(pid:))
+            let client1 = cpuSeconds(pid: "self")
+            let seconds = Settings.current.duration
+            self.usage.withLockedValue {
+                $0.server = server0.flatMap { start in server1.map { 100 * ($0 - start) / seconds } }
+                $0.client = client0.flatMap { start in client1.map { 100 * ($0 - start) / seconds } }
+            }
+            self.done.signal()
+        }
+        thread.start()
+    }
+}
+let cpu = CPUSampler()
+cpu.start()
 
 // MARK: The connection
 
@@ -252,6 +301,8 @@ final class LoadHandler: ChannelInboundHandler {
             let key = "user-\(customer)"
             out.writeString("*2\r\n$3\r\nGET\r\n$\(key.utf8.count)\r\n\(key)\r\n")
             self.fifo.append(stamp)
+        case .grpc:
+            preconditionFailure("--target grpc runs GRPCLoad")
         case .entitlements:
             let id = self.nextID
             self.nextID += 1
@@ -279,6 +330,8 @@ final class LoadHandler: ChannelInboundHandler {
         self.buffer.writeBuffer(&incoming)
         do {
             switch Settings.current.target {
+            case .grpc:
+                break
             case .entitlements:
                 while let frame = try self.decoder.decode(buffer: &self.buffer) {
                     guard let stamp = self.sentAt.removeValue(forKey: frame.requestID) else { continue }
@@ -364,7 +417,10 @@ final class LoadHandler: ChannelInboundHandler {
 let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
 let perConnectionInterval = rate.map { TimeAmount.nanoseconds(Int64(1e9 * Double(connections) / $0)) }
 var futures: [EventLoopFuture<Void>] = []
-for _ in 0..<connections {
+if target == .grpc {
+    GRPCLoad.run(group: group)
+}
+for _ in 0..<(target == .grpc ? 0 : connections) {
     let loop = group.next()
     let done = loop.makePromise(of: Void.self)
     futures.append(done.futureResult)
@@ -388,10 +444,13 @@ let histogram = results.histogram.withLockedValue { $0 }
 let errors = results.errors.withLockedValue { $0 }
 let throughput = Double(histogram.totalCount) / duration
 func microseconds(_ percentile: Double) -> UInt64 { histogram.valueAtPercentile(percentile) }
+_ = cpu.done.wait(timeout: .now() + 2)  // the window's last sample
+let usage = cpu.usage.withLockedValue { $0 }
 let label = option("label", "\(target.rawValue) \(connections)x\(rate.map { "rate \(Int($0))/s" } ?? "\(settings.inFlight)")")
 print(String(
-    format: "%@: %.0f requests/s, p50 %llu us, p90 %llu us, p99 %llu us, p99.9 %llu us, max %llu us, errors %d",
-    label, throughput, microseconds(50), microseconds(90), microseconds(99), microseconds(99.9), histogram.max, errors
+    format: "%@: %.0f requests/s, p50 %llu us, p90 %llu us, p99 %llu us, p99.9 %llu us, max %llu us, errors %d, CPU server %@ client %@",
+    label, throughput, microseconds(50), microseconds(90), microseconds(99), microseconds(99.9), histogram.max, errors,
+    usage.server.map { String(format: "%.0f%%", $0) } ?? "-", usage.client.map { String(format: "%.0f%%", $0) } ?? "-"
 ))
 if let path = options["json"] {
     let summary: [String: Any] = [
@@ -400,6 +459,7 @@ if let path = options["json"] {
         "writePercent": writePercent, "requests": histogram.totalCount, "errors": errors,
         "throughput": throughput.rounded(),
         "latencyMicroseconds": ["p50": microseconds(50), "p90": microseconds(90), "p99": microseconds(99), "p99.9": microseconds(99.9), "max": histogram.max],
+        "cpuPercent": ["server": usage.server.map { $0.rounded() } ?? -1, "client": usage.client.map { $0.rounded() } ?? -1],
     ]
     let data = try JSONSerialization.data(withJSONObject: summary, options: [.prettyPrinted, .sortedKeys])
     try data.write(to: URL(fileURLWithPath: path))

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Heap allocations per request on the live server, counted by the kernel (uprobes on
+# glibc's malloc, calloc, realloc and posix_memalign), not by an interposer:
+#
+#   benchmarks/mallocs.sh [--connections 50] [--in-flight 1] [--seconds 5]
+#
+# Needs root (perf probe) and release builds of `entitlements` and LoadGen (run.sh builds
+# both). Starts `serve --threads 1 --resolvers 1` on 100,000 generated customers (every answer
+# cached: each check is a cache hit), drives it with LoadGen, and divides the server's
+# allocation calls during the run by the requests answered. Connection setup is included
+# and amortised over the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONNECTIONS=50; IN_FLIGHT=1; SECONDS_=5
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --connections) CONNECTIONS=$2; shift ;;
+    --in-flight) IN_FLIGHT=$2; shift ;;
+    --seconds) SECONDS_=$2; shift ;;
+    *) echo "mallocs.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+command -v perf >/dev/null || { echo "mallocs.sh: needs perf (apt-get install linux-perf)" >&2; exit 2; }
+ENT=.build/release/entitlements; LOAD=benchmarks/.build/release/LoadGen
+[ -x $ENT ] && [ -x $LOAD ] || { echo "mallocs.sh: build first: benchmarks/run.sh --quick, or swift build -c release" >&2; exit 2; }
+LIBC=$(ldd $ENT | awk '/libc.so.6/ {print $3}')
+WORK=$(mktemp -d); PORT=7495
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+for function in malloc calloc realloc posix_memalign; do
+  perf probe -q -x "$LIBC" "$function" 2>/dev/null || true
+done
+$ENT snapshot generate --customers 100000 --seed 1 --output "$WORK/data.snap" >/dev/null
+taskset -c 0 $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --threads 1 --resolvers 1 > "$WORK/serve.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 1 300); do grep -q "listening on" "$WORK/serve.log" && break; sleep 0.1; done
+perf stat -x, -o "$WORK/stat.txt" -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc,probe_libc:posix_memalign -p $SERVER &
+STAT=$!
+sleep 0.5
+taskset -c 1 $LOAD run --target entitlements --port $PORT --connections $CONNECTIONS --in-flight $IN_FLIGHT \
+  --duration $SECONDS_ --warmup 0 --customers 100000 --json "$WORK/run.json" --label "mallocs" >/dev/null
+sleep 0.5
+kill -INT $STAT; wait $STAT 2>/dev/null || true
+python3 - "$WORK/stat.txt" "$WORK/run.json" <<'PY'
+import json, sys
+counts = {}
+for line in open(sys.argv[1]):
+    parts = line.strip().split(",")
+    if len(parts) > 2 and parts[0].isdigit():
+        counts[parts[2].split(":")[-1]] = int(parts[0])
+requests = json.load(open(sys.argv[2]))["requests"]
+total = sum(counts.values())
+print(f"{requests:,} requests answered; server allocation calls: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+print(f"{total / max(1, requests):.2f} allocations per request")
+PY

@@ -275,7 +275,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let first = self.pool.resolver(for: userId)
         var outcome: CheckOutcome?
         if first.eventLoop === self.context.eventLoop {
-            outcome = first.assumeIsolated { $0.check(query) }
+            outcome = first.core.value.check(query)
         }
         switch outcome {
         case .some(.forward(let shard, let customerId)):

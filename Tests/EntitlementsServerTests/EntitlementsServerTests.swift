@@ -43,6 +43,26 @@ struct EntitlementsServerTests {
         try await fixture.stop()
     }
 
+    @Test("checkResponse (the resolvers behind another transport) answers byte for byte what the server sends")
+    func checkResponseMatchesTheServer() async throws {
+        let fixture = try await ServerFixture()
+        let client = fixture.client()
+        // Customers and their aliases (some forwarded to the other resolver), then an unknown user.
+        for index in 0..<50 {
+            let record = try #require(try fixture.snapshot.customer(for: "user-\(index)"))
+            for userId in [record.id!] + record.aliases {
+                let bytes = try await fixture.server.pool.checkResponse(userId: userId, at: now)
+                let viaServer = try await client.checkEntitlements(CheckEntitlementsRequest(userId: userId, at: now))
+                #expect(try CheckEntitlementsResponse(buffer: bytes) == viaServer)
+                #expect(Array(bytes.readableBytesView) == (try viaServer.serializedBytes()))
+            }
+        }
+        let unknown = try CheckEntitlementsResponse(buffer: try await fixture.server.pool.checkResponse(userId: "nobody", at: now))
+        #expect(unknown.userId == "nobody" && unknown.customerId == nil && unknown.entitlements.isEmpty)
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("a miss is counted once, and the repeated check is a hit")
     func missCountedOnce() async throws {
         let fixture = try await ServerFixture()

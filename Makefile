@@ -4,7 +4,9 @@
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
 # Other targets: deps, generate, check-generated, build, check-deploy, test-asan,
-# bench-codec, bench-resolver, bench-store, fuzz (FUZZ_SECONDS each; CI runs 60), clean.
+# bench-codec, bench-resolver, bench-store, bench-check (the microbenchmarks' malloc counts
+# against benchmarks/Thresholds), bench-thresholds (records them), fuzz (FUZZ_SECONDS
+# each; CI runs 60), clean.
 
 SHELL := /bin/bash
 SWIFT ?= swift
@@ -12,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-asan bench-codec bench-resolver bench-store fuzz clean
+.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -96,6 +98,14 @@ bench-resolver: deps
 
 bench-store: deps
 	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark --target StoreBenchmarks
+
+# The microbenchmarks' thresholds are their malloc counts (p90 per iteration), exact: time
+# varies by 25% between hours on a shared VM, allocations do not.
+bench-check: deps
+	cd benchmarks && $(SWIFT) package benchmark thresholds check --metric mallocCountTotal --path Thresholds
+
+bench-thresholds: deps
+	cd benchmarks && $(SWIFT) package --allow-writing-to-package-directory benchmark thresholds update --metric mallocCountTotal --path Thresholds
 
 # libFuzzer targets (fuzz/): frame decoder, protobuf-c message decoding, snapshot reader,
 # log replay; each runs FUZZ_SECONDS on a copy of its committed seed corpus. A crash

@@ -303,8 +303,9 @@ public struct CheckFailure: Error, CustomStringConvertible {
 
 extension ResolverPool {
     /// Answers one CheckEntitlements with these resolvers and caches, exactly as the server
-    /// does (an alias of another resolver's customer is forwarded), and returns the encoded
-    /// CheckEntitlementsResponse. For serving the resolvers over another transport: the
+    /// does (the same validation; an alias of another resolver's customer is forwarded), and
+    /// returns the encoded CheckEntitlementsResponse; a request the server would refuse with
+    /// INVALID_ARGUMENT throws ``CheckFailure`` with the same message. For serving the resolvers over another transport: the
     /// gRPC peer in benchmarks/ uses it, so that only the transport differs.
     public func checkResponse(
         userId: String,
@@ -312,6 +313,9 @@ extension ResolverPool {
         entitlementIds: [String] = [],
         at instant: Int64
     ) async throws -> ByteBuffer {
+        if let problem = Validation.problem(userId: userId, field: "user_id") ?? Validation.problem(entitlementIds: entitlementIds) {
+            throw CheckFailure(description: problem)
+        }
         let promise = self.resolver(for: userId).eventLoop.makePromise(of: CheckOutcome.self)
         self.check(
             CheckQuery(userId: userId, environment: environment, entitlementIds: entitlementIds, instant: instant, deadline: nil),

@@ -32,7 +32,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var consumed = 0
     private var slowSenderTimer: Scheduled<Void>?
     private var consumedWhenArmed = 0
-    /// When the last frame arrived, for the idle timeout.
+    /// When bytes last arrived, for the idle timeout (a partial frame counts; the
+    /// slow-sender guard, with its shorter timeout, deals with those).
     private var lastActivity = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
 
@@ -73,7 +74,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        self.outgoing = context.channel.allocator.buffer(capacity: 1_024)
+        self.outgoing = context.channel.allocator.buffer(capacity: Self.outgoingInitialCapacity)
         self.armIdleTimer(at: NIODeadline.now() + self.configuration.idleTimeout)
     }
 
@@ -270,8 +271,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             deadline: deadline
         )
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        // The common case, one resolver per event loop: the resolver runs on this loop, so
-        // the check is answered now, with no promise, no pending entry and no hop.
+        // When the user's resolver runs on this connection's loop (always with one loop; 1 in
+        // L checks with L loops) the check is answered now: no promise, no pending entry, no hop.
         let first = self.pool.resolver(for: userId)
         var outcome: CheckOutcome?
         if first.eventLoop === self.context.eventLoop {
@@ -737,59 +738,53 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.sendOutgoing()
     }
 
-    /// Frames written into `outgoing` go out with one write per read batch (flushed at its
-    /// end), or at once outside a read batch (a hop's answer, a watch event, a timer).
+    /// Frames written into `outgoing` go out with one write and one flush per read batch
+    /// (at its end, or as soon as 16 KiB are waiting), or at once outside a read batch (a
+    /// hop's answer, a watch event, a timer).
     private func sendOutgoing() {
         if self.inReadBatch {
             self.needsFlush = true
-            if self.outgoing.readableBytes >= Self.outgoingWriteThreshold {
-                self.writeOutgoing()  // bounded memory; writability then reflects it
+            if self.outgoing.readableBytes >= Self.outgoingFlushThreshold {
+                self.flushOutgoing()  // bounded memory, and writability sees the bytes
             }
         } else {
-            self.writeOutgoing()
-            self.context.flush()
-            self.recycleOutgoing()
+            self.flushOutgoing()
         }
     }
 
-    /// Hands the outgoing bytes to the channel (not flushed).
-    private func writeOutgoing() {
-        guard self.outgoing.readableBytes > 0 else {
-            return
+    /// Writes and flushes the outgoing bytes, then makes `outgoing` ready for more. When the
+    /// socket took every byte, the channel has let go of the storage and `clear` reuses it
+    /// (no allocation next time); otherwise the channel still holds it and `outgoing` gets
+    /// new, small storage (writing into shared storage would copy all of it). A buffer grown
+    /// by a large answer is not kept.
+    private func flushOutgoing() {
+        if self.outgoing.readableBytes > 0 {
+            self.context.write(self.wrapOutboundOut(self.outgoing), promise: nil)
         }
-        self.context.write(self.wrapOutboundOut(self.outgoing), promise: nil)
-        // Not clear(): the channel still holds the storage, and clearing a shared buffer
-        // allocates. Consumed, it is reused by `recycleOutgoing` once the channel lets go.
-        self.outgoing.moveReaderIndex(to: self.outgoing.writerIndex)
-    }
-
-    /// After a flush: once the socket has taken every byte the channel drops its reference
-    /// and the storage is ours again, so `clear()` reuses it (no allocation next batch). A
-    /// buffer grown by a large answer is not kept per connection.
-    private func recycleOutgoing() {
-        if self.outgoing.capacity > Self.outgoingWriteThreshold {
-            self.outgoing = ByteBuffer()
+        self.context.flush()
+        if self.outgoing.capacity >= Self.outgoingFlushThreshold {
+            self.outgoing = self.context.channel.allocator.buffer(capacity: Self.outgoingInitialCapacity)
         } else {
-            self.outgoing.clear()
+            self.outgoing.clear(minimumCapacity: Self.outgoingInitialCapacity)
         }
     }
 
-    /// Outgoing bytes above this are written before the read batch ends; a buffer that
-    /// grew above it is not kept.
-    private static let outgoingWriteThreshold = 16 * 1024
+    /// Outgoing bytes are flushed once this many wait in a read batch; a buffer this large
+    /// is not kept.
+    private static let outgoingFlushThreshold = 16 * 1024
+    private static let outgoingInitialCapacity = 1_024
 
     private func flushIfNeeded() {
         if self.needsFlush {
             self.needsFlush = false
-            self.writeOutgoing()
-            self.context.flush()
-            self.recycleOutgoing()
+            self.flushOutgoing()
         }
     }
 
     private func afterCompletion() {
         self.updateReading()
-        if self.draining, self.pending.isEmpty {
+        if self.draining, self.pending.isEmpty, !self.closing {
+            self.closing = true  // the rest of this read batch is not processed
             self.flushIfNeeded()
             self.context.close(promise: nil)
         }
@@ -827,7 +822,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             "connection error",
             metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "status": "\(status)", "error": "\(message)"]
         )
-        self.writeOutgoing()  // answers already written go first
+        self.flushOutgoing()  // answers already written go first
         var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
         buffer.writeFrame(.error(id: requestID, status: status, message: message))
         context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in

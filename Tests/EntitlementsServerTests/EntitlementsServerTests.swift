@@ -59,6 +59,8 @@ struct EntitlementsServerTests {
         }
         let unknown = try CheckEntitlementsResponse(buffer: try await fixture.server.pool.checkResponse(userId: "nobody", at: now))
         #expect(unknown.userId == "nobody" && unknown.customerId == nil && unknown.entitlements.isEmpty)
+        await #expect(throws: CheckFailure.self) { try await fixture.server.pool.checkResponse(userId: "", at: now) }
+        await #expect(throws: CheckFailure.self) { try await fixture.server.pool.checkResponse(userId: "user-1", entitlementIds: [""], at: now) }
         await client.close()
         try await fixture.stop()
     }

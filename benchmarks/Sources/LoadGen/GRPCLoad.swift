@@ -4,6 +4,7 @@ import GRPCCheckService
 import GRPCCore
 import GRPCNIOTransportHTTP2Posix
 import Histogram
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 
@@ -42,7 +43,7 @@ enum GRPCLoad {
                 connections.addTask { try await client.runConnections() }
             }
             if let rate = settings.rate {
-                await Self.openLoop(clients, interval: .nanoseconds(Int64(1e9 / rate)))
+                await Self.openLoop(clients, interval: .nanoseconds(Int64(1e9 / rate)), on: group.next())
             } else {
                 await withDiscardingTaskGroup { load in
                     for client in clients {
@@ -80,36 +81,57 @@ enum GRPCLoad {
     }
 
     /// Calls sent on a fixed schedule over all connections in turn; latency from each call's
-    /// scheduled time. One scheduler for all connections: a sleep per connection would wake
-    /// late by the timer's leeway, which grows with the interval, and that lateness would be
-    /// charged to gRPC.
-    private static func openLoop(_ clients: [GRPCClient<HTTP2ClientTransport.Posix>], interval: TimeAmount) async {
-        var keys = KeyPicker()
-        var next = NIODeadline.now()
-        var index = 0
-        await withDiscardingTaskGroup { calls in
-            while next < Window.end {
+    /// scheduled time. The schedule runs on the client's event loop (NIO timers, as for the
+    /// other targets), and each due call starts a task. A `Task.sleep` per connection woke
+    /// up to 14 ms late (the timer leeway grows with the interval), and one sleeping task for
+    /// all connections cost the client so much CPU that it fell behind its own schedule:
+    /// either way the client's lateness was charged to gRPC.
+    private static func openLoop(_ clients: [GRPCClient<HTTP2ClientTransport.Posix>], interval: TimeAmount, on loop: any EventLoop) async {
+        // Calls in flight, and whether `finished` was completed (once, by whoever sees the
+        // window over with nothing in flight).
+        let state = NIOLockedValueBox((outstanding: 0, done: false))
+        let finished = loop.makePromise(of: Void.self)
+        @Sendable func finishIfIdle() {
+            let finish = state.withLockedValue { state in
+                guard state.outstanding == 0, !state.done, NIODeadline.now() >= Window.end else { return false }
+                state.done = true
+                return true
+            }
+            if finish { finished.succeed() }
+        }
+        loop.execute {
+            var keys = KeyPicker()
+            var next = NIODeadline.now()
+            var index = 0
+            func tick() {
                 let now = NIODeadline.now()
-                if next > now {
-                    try? await Task.sleep(nanoseconds: UInt64((next - now).nanoseconds))
-                    continue
-                }
                 while next <= now, next < Window.end {
                     let intended = next
                     let customer = keys.next()
                     let client = clients[index % clients.count]
                     index += 1
-                    calls.addTask {
-                        let ok = await Self.call(client, customer: customer)
-                        guard intended >= Window.measureFrom else { return }
-                        let micros = max(1, (NIODeadline.now() - intended).nanoseconds / 1_000).magnitude
-                        Window.results.histogram.withLockedValue { _ = $0.record(micros) }
-                        if !ok { Window.results.errors.withLockedValue { $0 += 1 } }
-                    }
                     next = next + interval
+                    state.withLockedValue { $0.outstanding += 1 }
+                    Task {
+                        let ok = await Self.call(client, customer: customer)
+                        if intended >= Window.measureFrom {
+                            let micros = max(1, (NIODeadline.now() - intended).nanoseconds / 1_000).magnitude
+                            Window.results.histogram.withLockedValue { _ = $0.record(micros) }
+                            if !ok { Window.results.errors.withLockedValue { $0 += 1 } }
+                        }
+                        state.withLockedValue { $0.outstanding -= 1 }
+                        finishIfIdle()
+                    }
+                }
+                if next < Window.end {
+                    loop.assumeIsolated().scheduleTask(deadline: next) { tick() }
+                } else {
+                    loop.assumeIsolated().scheduleTask(deadline: Window.end) { finishIfIdle() }
                 }
             }
+            tick()
         }
+        try? await finished.futureResult.get()
     }
 
     /// One CheckEntitlements: true if answered OK (the answer's bytes are counted, not decoded,

@@ -67,13 +67,13 @@ let benchmarks: @Sendable () -> Void = {
         maxIterations: 100_000
     )
 
-    Benchmark("baseline: empty loop") { benchmark in
+    Benchmark("baseline.empty-loop") { benchmark in
         for index in benchmark.scaledIterations {
             blackHole(index)
         }
     }
 
-    Benchmark("CheckEntitlementsResponse encode+decode") { benchmark in
+    Benchmark("response.encode+decode") { benchmark in
         var buffer = ByteBuffer()
         buffer.reserveCapacity(1_024)
         for _ in benchmark.scaledIterations {
@@ -83,7 +83,7 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
-    Benchmark("CheckEntitlementsResponse encode") { benchmark in
+    Benchmark("response.encode") { benchmark in
         var buffer = ByteBuffer()
         buffer.reserveCapacity(1_024)
         for _ in benchmark.scaledIterations {
@@ -94,14 +94,14 @@ let benchmarks: @Sendable () -> Void = {
     }
 
     let encodedResponse = ByteBuffer(bytes: try! typicalResponse.serializedBytes())
-    Benchmark("CheckEntitlementsResponse decode") { benchmark in
+    Benchmark("response.decode") { benchmark in
         for _ in benchmark.scaledIterations {
             blackHole(try CheckEntitlementsResponse(buffer: encodedResponse))
         }
     }
 
     let encodedRequest = ByteBuffer(bytes: try! typicalRequest.serializedBytes())
-    Benchmark("CheckEntitlementsRequest decode") { benchmark in
+    Benchmark("request.decode") { benchmark in
         for _ in benchmark.scaledIterations {
             blackHole(try CheckEntitlementsRequest(buffer: encodedRequest))
         }
@@ -113,7 +113,7 @@ let benchmarks: @Sendable () -> Void = {
         frames.writeFrame(.request(id: UInt64(id), method: .checkEntitlements, payload: encodedRequest))
     }
     let pipelined = frames
-    Benchmark("FrameDecoder 100 frames") { benchmark in
+    Benchmark("frame-decoder.100-frames") { benchmark in
         for _ in benchmark.scaledIterations {
             var input = pipelined
             var decoder = FrameDecoder()

@@ -68,19 +68,19 @@ let benchmarks: @Sendable () -> Void = {
     let resolver = EntitlementResolver(catalog: catalog)
     let instant = start + 11 * month + month / 2
 
-    Benchmark("resolve typical customer (1 chain, 12 transactions)") { benchmark in
+    Benchmark("resolve.typical-customer") { benchmark in
         for _ in benchmark.scaledIterations {
             blackHole(resolver.resolve(typicalCustomer, at: instant))
         }
     }
 
-    Benchmark("resolve heavy customer (4 chains, 40 transactions, 2 grants)") { benchmark in
+    Benchmark("resolve.heavy-customer") { benchmark in
         for _ in benchmark.scaledIterations {
             blackHole(resolver.resolve(heavyCustomer, at: instant))
         }
     }
 
-    Benchmark("resolve unknown user") { benchmark in
+    Benchmark("resolve.unknown-user") { benchmark in
         for _ in benchmark.scaledIterations {
             blackHole(resolver.resolve(nil, at: instant))
         }

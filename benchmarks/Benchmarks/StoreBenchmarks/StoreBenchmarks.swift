@@ -36,7 +36,7 @@ let benchmarks: @Sendable () -> Void = {
     }
     let cache = warmCache
 
-    Benchmark("cache hit: lookup + response assembly") { benchmark in
+    Benchmark("cache-hit.lookup+response") { benchmark in
         var cache = cache
         var buffer = ByteBuffer()
         buffer.reserveCapacity(4_096)
@@ -51,7 +51,7 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
-    Benchmark("miss: snapshot read + resolve + encode + insert") { benchmark in
+    Benchmark("miss.snapshot+resolve+encode+insert") { benchmark in
         var cache = LRUCache(budgetBytes: 1 << 20)  // small: most lookups miss and evict
         var buffer = ByteBuffer()
         buffer.reserveCapacity(4_096)
@@ -68,7 +68,7 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
-    Benchmark("snapshot lookup alone (index + record read + decode)") { benchmark in
+    Benchmark("snapshot.lookup") { benchmark in
         var index = 0
         for _ in benchmark.scaledIterations {
             index = (index &+ 7_919) % customers

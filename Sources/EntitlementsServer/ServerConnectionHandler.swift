@@ -55,7 +55,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var watches: [UInt64: Watch] = [:]
     private var lastRequestID: UInt64 = 0
     private var draining = false
-    /// Set after a connection error: nothing more is read or answered.
+    /// Set after a connection error, or when a drained connection closes: no more frames are read.
     private var closing = false
     /// Reads stop while too many calls are in flight, or while the socket cannot take
     /// more writes (a client that does not read its answers): backpressure, not buffering.

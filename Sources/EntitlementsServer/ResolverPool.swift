@@ -29,6 +29,12 @@ enum CheckOutcome: Sendable {
     case failed(String)
 }
 
+extension CheckOutcome {
+    var isForward: Bool {
+        if case .forward = self { true } else { false }
+    }
+}
+
 /// A resolver: owns one cache shard and answers the checks of the customers that hash
 /// to it (docs/architecture.md). Its executor is an event loop, and its state lives in a
 /// ``ResolverCore`` bound to that loop: the server calls the core synchronously when already
@@ -298,6 +304,14 @@ public final class ResolverPool: Sendable {
 
 /// A check the resolvers could not answer.
 public struct CheckFailure: Error, CustomStringConvertible {
+    public enum Reason: Sendable {
+        /// The request breaks a rule the server enforces (INVALID_ARGUMENT there).
+        case invalidArgument
+        /// The snapshot could not be read or the answer encoded (INTERNAL there).
+        case internalError
+    }
+
+    public var reason: Reason
     public var description: String
 }
 
@@ -314,7 +328,7 @@ extension ResolverPool {
         at instant: Int64
     ) async throws -> ByteBuffer {
         if let problem = Validation.problem(userId: userId, field: "user_id") ?? Validation.problem(entitlementIds: entitlementIds) {
-            throw CheckFailure(description: problem)
+            throw CheckFailure(reason: .invalidArgument, description: problem)
         }
         let promise = self.resolver(for: userId).eventLoop.makePromise(of: CheckOutcome.self)
         self.check(
@@ -327,9 +341,9 @@ extension ResolverPool {
             answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, into: &buffer)
             return buffer
         case .failed(let reason):
-            throw CheckFailure(description: reason)
+            throw CheckFailure(reason: .internalError, description: reason)
         case .deadlineExceeded, .forward:
-            throw CheckFailure(description: "the check was not answered")
+            throw CheckFailure(reason: .internalError, description: "the check was not answered")
         }
     }
 }

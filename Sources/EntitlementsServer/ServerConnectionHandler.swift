@@ -278,26 +278,25 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         if first.eventLoop === self.context.eventLoop {
             outcome = first.core.value.check(query)
         }
-        switch outcome {
-        case .some(.forward(let shard, let customerId)):
-            // An alias of another resolver's customer: that resolver answers.
-            self.accept(requestID, deadline: deadline)
-            let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
-            self.pool.check(query, owner: shard, customerId: customerId, completing: promise)
-            self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
-        case .some(let outcome):
+        if let outcome, !outcome.isForward {
             self.answer(Call(timer: nil, method: self.current.method, start: self.current.start), requestID) { buffer in
                 Self.writeCheck(outcome, userId: userId, instant: query.instant, into: &buffer)
             } failure: {
                 Self.status(of: outcome)
             }
             self.afterCompletion()
-        case .none:
-            self.accept(requestID, deadline: deadline)
-            let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
-            self.pool.check(query, completing: promise)
-            self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
+            return
         }
+        // The resolver is on another loop, or this was an alias of another resolver's
+        // customer (which that resolver answers): one hop, answered when it is back.
+        self.accept(requestID, deadline: deadline)
+        let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
+        if case .forward(let shard, let customerId) = outcome {
+            self.pool.check(query, owner: shard, customerId: customerId, completing: promise)
+        } else {
+            self.pool.check(query, completing: promise)
+        }
+        self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
     }
 
     /// Answers an accepted check when its resolver on another event loop is done.
@@ -653,10 +652,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let shouldPause = self.pending.count >= self.configuration.maximumInFlightPerConnection || !context.channel.isWritable
         if shouldPause, !self.readsPaused {
             self.readsPaused = true
-                        context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
+            context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
         } else if !shouldPause, self.readsPaused {
             self.readsPaused = false
-                        context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
+            context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
             context.read()
         }
     }

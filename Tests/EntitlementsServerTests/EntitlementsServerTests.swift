@@ -59,8 +59,12 @@ struct EntitlementsServerTests {
         }
         let unknown = try CheckEntitlementsResponse(buffer: try await fixture.server.pool.checkResponse(userId: "nobody", at: now))
         #expect(unknown.userId == "nobody" && unknown.customerId == nil && unknown.entitlements.isEmpty)
-        await #expect(throws: CheckFailure.self) { try await fixture.server.pool.checkResponse(userId: "", at: now) }
-        await #expect(throws: CheckFailure.self) { try await fixture.server.pool.checkResponse(userId: "user-1", entitlementIds: [""], at: now) }
+        for (userId, entitlementIds) in [("", [String]()), ("user-1", [""]), (String(repeating: "x", count: 257), [])] {
+            let failure = await #expect(throws: CheckFailure.self) {
+                try await fixture.server.pool.checkResponse(userId: userId, entitlementIds: entitlementIds, at: now)
+            }
+            #expect(failure?.reason == .invalidArgument)
+        }
         await client.close()
         try await fixture.stop()
     }

@@ -33,19 +33,17 @@ struct CheckService: RegistrableRPCService {
 
     private func check(_ request: ServerRequest<CheckEntitlementsRequest>) async throws -> ServerResponse<ByteBuffer> {
         let message = request.message
-        guard let userId = message.userId, !userId.isEmpty, userId.utf8.count <= 256 else {
-            throw RPCError(code: .invalidArgument, message: "user_id: must be 1 to 256 bytes")
-        }
         do {
+            // checkResponse validates as our server does (an absent user id is an empty one).
             let bytes = try await self.pool.checkResponse(
-                userId: userId,
+                userId: message.userId ?? "",
                 environment: message.environment,
                 entitlementIds: message.entitlementIds,
                 at: message.at ?? Int64(Date().timeIntervalSince1970 * 1_000)
             )
             return ServerResponse(message: bytes)
-        } catch {
-            throw RPCError(code: .internalError, message: "\(error)")
+        } catch let failure as CheckFailure {
+            throw RPCError(code: failure.reason == .invalidArgument ? .invalidArgument : .internalError, message: failure.description)
         }
     }
 }

@@ -75,7 +75,7 @@ build: deps
 
 test-unit: deps
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build
+	SWIFTNIO_STRICT=1 $(SWIFT) test --skip-build
 
 # deploy/ against the code: manifests parse, flags are accepted, the unit verifies.
 check-deploy: deps

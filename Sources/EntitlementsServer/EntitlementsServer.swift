@@ -118,7 +118,8 @@ public final class EntitlementsServer: Sendable {
     private let services: ServerServices
 
     private let listeners: [any Channel]
-    private let quiescing: ServerQuiescingHelper
+    /// nil once a drain has finished (see ``shutdownGracefully()``).
+    private let quiescing: Mutex<ServerQuiescingHelper?>
     private let health: ServerHealth
     private let group: any EventLoopGroup
 
@@ -135,7 +136,7 @@ public final class EntitlementsServer: Sendable {
         self.pool = services.pool
         self.services = services
         self.listeners = listeners
-        self.quiescing = quiescing
+        self.quiescing = Mutex(quiescing)
         self.health = services.health
         self.group = group
     }
@@ -292,8 +293,10 @@ public final class EntitlementsServer: Sendable {
         return result == 0
     }
 
-    /// Closes every connection now, answered or not (a drain that ran out of time).
+    /// Closes every connection now, answered or not (a drain that ran out of time). Checks
+    /// still queued on the resolvers' loops are not run: they fail UNAVAILABLE at once.
     public func closeAllConnections() {
+        self.pool.abandonQueuedChecks()
         for channel in self.services.channels.withLock({ Array($0.values) }) {
             channel.close(promise: nil)
         }
@@ -309,9 +312,21 @@ public final class EntitlementsServer: Sendable {
     /// accepted, and returns when every connection and listener is closed.
     public func shutdownGracefully() async {
         self.health.stopServing()
-        let promise = self.group.next().makePromise(of: Void.self)
-        self.quiescing.initiateShutdown(promise: promise)
-        try? await promise.futureResult.get()
+        let loop = self.group.next()
+        let promise = loop.makePromise(of: Void.self)
+        let started = self.quiescing.withLock { helper in
+            helper?.initiateShutdown(promise: promise)
+            return helper != nil
+        }
+        if started {
+            try? await promise.futureResult.get()
+            // The helper fails a promise of the group's when it deinits: let that happen on
+            // the group now, not whenever the server is released, perhaps after the group
+            // has shut down (which NIO reports, and will make a crash).
+            try? await loop.submit { self.quiescing.withLock { $0 = nil } }.get()
+        } else {
+            promise.succeed()  // drained before
+        }
         // Every acknowledged write is durable already; this waits for queued ones.
         self.store.close()
     }

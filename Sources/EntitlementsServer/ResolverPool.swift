@@ -2,6 +2,7 @@ public import EntitlementsMessages
 import EntitlementsResolver
 public import EntitlementsStore
 public import NIOCore
+import Synchronization
 
 /// One check, as a resolver needs it: the requested user id (a customer id or an alias)
 /// and the request's shape.
@@ -27,6 +28,8 @@ enum CheckOutcome: Sendable {
     case deadlineExceeded
     /// The snapshot could not be read (corruption): INTERNAL, with the reason.
     case failed(String)
+    /// The server stopped without finishing its drain before the check ran: UNAVAILABLE.
+    case stopping
 }
 
 extension CheckOutcome {
@@ -206,6 +209,10 @@ public final class ResolverPool: Sendable {
     public let store: CustomerStore
     /// The entitlement rules, over the snapshot's catalog.
     let resolver: EntitlementResolver
+    /// Set when the server stops without finishing its drain: checks still queued on a
+    /// loop are then answered ``CheckOutcome/stopping`` instead of resolved, so that the
+    /// loops empty at once rather than after seconds of work nobody will read.
+    private let abandoned = Atomic<Bool>(false)
 
     /// Creates `count` resolvers over `store`, each with `cacheBytes / count` of cache,
     /// and warms their caches from the snapshot's hot list at `instant`.
@@ -248,6 +255,10 @@ public final class ResolverPool: Sendable {
     func check(_ query: CheckQuery, completing promise: EventLoopPromise<CheckOutcome>) {
         let first = self.resolver(for: query.userId)
         Self.onLoop(of: first) {
+            guard !self.abandoned.load(ordering: .relaxed) else {
+                promise.succeed(.stopping)
+                return
+            }
             let outcome = first.core.value.check(query)
             switch outcome {
             case .forward(let shard, let customerId):
@@ -263,8 +274,18 @@ public final class ResolverPool: Sendable {
     func check(_ query: CheckQuery, owner: Int, customerId: String, completing promise: EventLoopPromise<CheckOutcome>) {
         let resolver = self.resolvers[owner]
         Self.onLoop(of: resolver) {
+            guard !self.abandoned.load(ordering: .relaxed) else {
+                promise.succeed(.stopping)
+                return
+            }
             promise.succeed(resolver.core.value.check(query, customerId: customerId))
         }
+    }
+
+    /// Answers every check not yet run, and every later one, ``CheckOutcome/stopping``:
+    /// for a server that closes its connections without finishing the drain.
+    func abandonQueuedChecks() {
+        self.abandoned.store(true, ordering: .relaxed)
     }
 
     /// Makes every resolver forget what `write` changed; the future completes when all
@@ -309,6 +330,8 @@ public struct CheckFailure: Error, CustomStringConvertible {
         case invalidArgument
         /// The snapshot could not be read or the answer encoded (INTERNAL there).
         case internalError
+        /// The server is stopping without finishing its drain (UNAVAILABLE there).
+        case unavailable
     }
 
     public var reason: Reason
@@ -342,6 +365,8 @@ extension ResolverPool {
             return buffer
         case .failed(let reason):
             throw CheckFailure(reason: .internalError, description: reason)
+        case .stopping:
+            throw CheckFailure(reason: .unavailable, description: "the server stopped before this check ran")
         case .deadlineExceeded, .forward:
             throw CheckFailure(reason: .internalError, description: "the check was not answered")
         }

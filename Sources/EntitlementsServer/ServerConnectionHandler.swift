@@ -322,12 +322,18 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         case .failed(let reason):
             buffer.writeString(reason)
             return nil
+        case .stopping:
+            buffer.writeString(Self.stoppingMessage)
+            return nil
         }
     }
+
+    private static let stoppingMessage = "the server stopped before this check ran; retry on another server"
 
     private static func status(of outcome: CheckOutcome) -> StatusCode {
         switch outcome {
         case .failed: .internalError
+        case .stopping: .unavailable
         default: .deadlineExceeded
         }
     }
@@ -379,6 +385,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                     continue
                 case .failed(let reason):
                     self.fail(requestID, .internalError, "user \(userId): \(reason)")
+                    return
+                case .stopping:
+                    self.fail(requestID, .unavailable, Self.stoppingMessage)
                     return
                 case .deadlineExceeded, .forward:
                     self.fail(requestID, .deadlineExceeded, "the deadline passed before every user was checked")
@@ -803,6 +812,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         self.flushIfNeeded()
         if self.pending.isEmpty {
+            self.closing = true  // a frame left unread is ours to drop, not the client's error
             self.context.close(promise: nil)
         }
     }

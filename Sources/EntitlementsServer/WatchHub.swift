@@ -261,7 +261,7 @@ final class Watch: @unchecked Sendable {
         var states: [String: EntitlementState] = [:]
         for entitlement in resolution.entitlements {
             if let id = entitlement.id {
-                states[id] = EntitlementState(isActive: entitlement.isActive ?? false, renewState: entitlement.renewState)
+                states[id] = EntitlementState(isActive: entitlement.isActive, renewState: entitlement.renewState)
             }
         }
         let encoded = (try? CheckEntitlementsResponse(entitlements: resolution.entitlements).serializedBytes()) ?? []

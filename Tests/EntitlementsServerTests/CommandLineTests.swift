@@ -222,34 +222,50 @@ struct CommandLineTests {
         let path = directory + "/data.snap"
         _ = try SnapshotTools.generate(count: 20_000, seed: 8, now: now, outputPath: path)
         let (process, pipe, seen, port) = try Self.start([
-            "serve", "--snapshot", path, "--listen", "127.0.0.1:0", "--resolvers", "1", "--cache-bytes", "1KiB",
-            "--drain-timeout", how == "timeout" ? "500ms" : "60s",
+            "serve", "--snapshot", path, "--listen", "127.0.0.1:0", "--threads", "2", "--resolvers", "1",
+            "--cache-bytes", "1KiB", "--drain-timeout", how == "timeout" ? "200ms" : "60s",
         ])
-        // Seconds of work, accepted before the signal: 200 batches of 1,000 cache misses,
-        // with small answers (an entitlement nobody has) read as they come, so that the
-        // server keeps reading requests.
-        let connection = try RawConnection(port: port)
-        let answered = Mutex(0)
-        let reader = Thread {
-            while (try? connection.receive()) != nil {
-                answered.withLock { $0 += 1 }
-            }
-        }
-        reader.start()
+        // Work accepted before the signal that takes far longer than the drain is given:
+        // on each of two connections, 400 batches of 1,000 cache misses (small answers: an
+        // entitlement nobody has), then a PING. The lone resolver lives on one of the two
+        // event loops, and the two connections land on different loops (round-robin), so one
+        // connection only reads and hands its checks to the other loop, whose queue grows.
+        // Frames are handled in order, so that connection's PONG says all 400 of its
+        // batches were accepted; the signal goes then. (Waiting for a first answer raced the
+        // server instead: on a fast machine the drain began after the work was done.)
+        let batches = 400
         let users = (0..<1_000).map { "user-\(($0 * 7_919) % 20_000)" }
-        connection.send((1...200).map { id in
+        let frames = (1...batches).map { id in
             RawConnection.request(
                 UInt64(id),
                 BatchCheckEntitlementsRequest(userIds: users, entitlementIds: ["none-has-this"], at: now),
                 method: .batchCheckEntitlements
             )
-        })
-        while answered.withLock({ $0 }) == 0 {
-            try await Task.sleep(for: .milliseconds(10))
+        } + [Frame(type: .ping, requestID: 1)]
+        let answered = Mutex(0)
+        let ponged = Mutex(false)
+        let connections = try (0..<2).map { _ in try RawConnection(port: port) }
+        let readers = connections.map { connection in
+            Thread {
+                while let frame = try? connection.receive() {
+                    if frame.type == .pong {
+                        ponged.withLock { $0 = true }
+                    } else if frame.type == .response {
+                        answered.withLock { $0 += 1 }
+                    }
+                }
+            }
         }
+        readers.forEach { $0.start() }
+        let senders = connections.map { connection in Thread { connection.send(frames) } }
+        senders.forEach { $0.start() }
+        while !ponged.withLock({ $0 }) {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        let answeredBeforeSignal = answered.withLock { $0 }
         kill(process.processIdentifier, SIGTERM)
         if how == "second signal" {
-            try await Task.sleep(for: .milliseconds(300))
+            try await Task.sleep(for: .milliseconds(100))
             kill(process.processIdentifier, SIGTERM)
         }
         try await offThePool { process.waitUntilExit() }
@@ -258,6 +274,7 @@ struct CommandLineTests {
         #expect(output.contains("draining: GOAWAY sent"), "\(output)")
         let expected = how == "timeout" ? "the drain did not finish within --drain-timeout" : "second signal: closed"
         #expect(output.contains(expected), "\(output)")
-        #expect(answered.withLock { $0 } < 200, "every batch was answered: the drain was not cut short")
+        #expect(answeredBeforeSignal < batches, "\(answeredBeforeSignal) of \(2 * batches) batches were answered before the signal: too little work left to cut short")
+        #expect(answered.withLock { $0 } < 2 * batches, "every batch was answered: the drain was not cut short")
     }
 }

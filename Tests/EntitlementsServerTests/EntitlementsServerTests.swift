@@ -69,6 +69,29 @@ struct EntitlementsServerTests {
         try await fixture.stop()
     }
 
+    @Test("once the server closes its connections without a drain, checks fail UNAVAILABLE and are not resolved")
+    func abandonedChecks() async throws {
+        let fixture = try await ServerFixture()
+        _ = try await fixture.server.pool.checkResponse(userId: "user-3", at: now)
+        func misses() async -> UInt64 {
+            var total: UInt64 = 0
+            for resolver in fixture.server.pool.resolvers {
+                total += await resolver.cacheStatistics.misses
+            }
+            return total
+        }
+        let before = await misses()
+        fixture.server.closeAllConnections()
+        for index in 0..<20 {
+            let failure = await #expect(throws: CheckFailure.self) {
+                try await fixture.server.pool.checkResponse(userId: "user-\(index)", environment: .sandbox, at: now)
+            }
+            #expect(failure?.reason == .unavailable)
+        }
+        #expect(await misses() == before, "a check ran after the server gave up its drain")
+        try await fixture.stop()
+    }
+
     @Test("a miss is counted once, and the repeated check is a hit")
     func missCountedOnce() async throws {
         let fixture = try await ServerFixture()

@@ -43,7 +43,12 @@ struct CheckService: RegistrableRPCService {
             )
             return ServerResponse(message: bytes)
         } catch let failure as CheckFailure {
-            throw RPCError(code: failure.reason == .invalidArgument ? .invalidArgument : .internalError, message: failure.description)
+            let code: RPCError.Code = switch failure.reason {
+            case .invalidArgument: .invalidArgument
+            case .internalError: .internalError
+            case .unavailable: .unavailable
+            }
+            throw RPCError(code: code, message: failure.description)
         }
     }
 }

@@ -235,12 +235,19 @@ public final class EntitlementsClient: Sendable {
 
         /// Either the attempt in progress, or a new promise the caller must complete.
         enum Attempt {
+            /// Another caller's attempt finished after this caller looked: use its connection.
+            case ready(Connection)
             case join(EventLoopFuture<Connection>)
             case lead(EventLoopPromise<Connection>)
         }
 
-        func beginAttempt(on loop: any EventLoop) -> Attempt {
+        /// Starts or joins the attempt that replaces `unusable` (the connection the caller
+        /// found closed or draining, or nil if there was none).
+        func beginAttempt(on loop: any EventLoop, replacing unusable: Connection?) -> Attempt {
             self.state.withLock { state in
+                if let connection = state.connection, connection.channel !== unusable?.channel {
+                    return .ready(connection)
+                }
                 if let connecting = state.connecting {
                     return .join(connecting)
                 }
@@ -299,14 +306,17 @@ public final class EntitlementsClient: Sendable {
     }
 
     private func connection(in slot: Slot) async throws -> Connection {
-        if let connection = slot.current(), connection.channel.isActive,
+        let current = slot.current()
+        if let connection = current, connection.channel.isActive,
             try await connection.channel.eventLoop.submit({ !connection.handler.value.isDraining }).get()
         {
             return connection
         }
         // One attempt per slot at a time: callers arriving meanwhile wait for it, so a burst
         // of first calls (or of retries after GOAWAY) opens one connection, not one each.
-        switch slot.beginAttempt(on: self.group.next()) {
+        switch slot.beginAttempt(on: self.group.next(), replacing: current) {
+        case .ready(let connection):
+            return connection
         case .join(let attempt):
             return try await attempt.get()
         case .lead(let promise):

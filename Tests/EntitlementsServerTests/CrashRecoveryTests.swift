@@ -123,7 +123,15 @@ struct CrashRecoveryTests {
                     }
                 }
             }
-            try await Task.sleep(for: .milliseconds(Int.random(in: 20...300, using: &generator)))
+            // Some progress first (a dozen acknowledged writes, however slow the disk's
+            // fsync), so that 20 cycles always add up to hundreds of writes; then a random
+            // moment.
+            let before = ledger.state.withLock { $0.sequences.count }
+            let patience = ContinuousClock.now + .seconds(60)
+            while ledger.state.withLock({ $0.sequences.count }) < before + 12, ContinuousClock.now < patience {
+                try await Task.sleep(for: .milliseconds(2))
+            }
+            try await Task.sleep(for: .milliseconds(Int.random(in: 0...250, using: &generator)))
             server.kill9()
             await writers.value
             await client.close()

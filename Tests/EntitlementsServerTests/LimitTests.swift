@@ -2,6 +2,7 @@ import EntitlementsMessages
 import EntitlementsServer
 import EntitlementsWire
 import NIOCore
+import Prometheus
 import Testing
 
 /// The per-server and per-connection limits, over real sockets.
@@ -42,14 +43,17 @@ struct LimitTests {
     @Test("an idle connection gets GOAWAY and is closed; one with a call in flight is not")
     func idleTimeout() async throws {
         var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
-        configuration.idleTimeout = .milliseconds(200)
+        configuration.idleTimeout = .milliseconds(500)
         let fixture = try await ServerFixture(holdableResolvers: true, configuration: configuration)
-        let idle = try RawConnection(port: fixture.port)
-        let busy = try RawConnection(port: fixture.port)
         fixture.holdResolvers()
-        busy.send([RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1", at: now))])
+        // The busy connection's call is in flight (the PONG after it says it was read)
+        // before the idle one even connects.
+        let busy = try RawConnection(port: fixture.port)
+        busy.send([RawConnection.request(1, CheckEntitlementsRequest(userId: "user-1", at: now)), Frame(type: .ping, requestID: 2)])
+        #expect(try busy.receive()?.type == .pong)
+        let idle = try RawConnection(port: fixture.port)
         let goAway = try idle.receive()
-        #expect(goAway?.type == .goAway && goAway?.message == "idle for 0.2 s; reconnect when needed")
+        #expect(goAway?.type == .goAway && goAway?.message == "idle for 0.5 s; reconnect when needed")
         #expect(try idle.receive() == nil)
         // The busy one waited longer than the timeout with its call held, and is served.
         fixture.releaseResolvers()
@@ -86,15 +90,31 @@ struct LimitTests {
     func inFlightMaximum() async throws {
         var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
         configuration.maximumInFlightPerConnection = 4
-        let fixture = try await ServerFixture(holdableResolvers: true, configuration: configuration)
+        let registry = PrometheusCollectorRegistry()
+        let fixture = try await ServerFixture(
+            holdableResolvers: true,
+            metrics: ServerMetrics(factory: PrometheusMetricsFactory(registry: registry)),
+            configuration: configuration
+        )
         let connection = try RawConnection(port: fixture.port)
         fixture.holdResolvers()
         let checks = (1...4).map { RawConnection.request(UInt64($0), CheckEntitlementsRequest(userId: "user-\($0)", at: now)) }
         connection.send(checks)
-        try await Task.sleep(for: .milliseconds(100))
-        // The PING comes after four held calls: the server reads (and answers) it only
-        // once they are answered.
+        // Four calls in flight (held): the server has stopped reading. Only then the PING,
+        // so that it cannot arrive in the same read as the checks.
+        func inFlight() -> String {
+            var bytes: [UInt8] = []
+            registry.emit(into: &bytes)
+            let line = String(decoding: bytes, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix("entitlements_requests_in_flight ") }
+            return line.map { String($0.split(separator: " ").last!) } ?? "absent"
+        }
+        let patience = ContinuousClock.now + .seconds(30)
+        while inFlight() != "4.0", ContinuousClock.now < patience {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        try #require(inFlight() == "4.0", "requests in flight: \(inFlight())")
         connection.send([Frame(type: .ping, requestID: 99)])
+        // Were the server still reading, it would answer the PING now, the calls being held.
         try await Task.sleep(for: .milliseconds(100))
         fixture.releaseResolvers()
         var order: [FrameType] = []

@@ -126,14 +126,16 @@ struct WriteTests {
         try await fixture.stop()
     }
 
-    @Test("watch: an event on a write, then one when the grant expires, without any request")
+    @Test("watch: an event on a write, then one when the grant expires, without any request", .timeLimit(.minutes(1)))
     func watchWriteAndExpiry() async throws {
         let fixture = try await ServerFixture(writable: true)
         let client = fixture.client()
         let events = try await client.watch(WatchEntitlementsRequest(userIds: ["user-7"]))
         var iterator = events.makeAsyncIterator()
         let wall = WallClock.unixMilliseconds()
-        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-7", "g1", entitlement: "trial-x", from: wall - 1_000, until: wall + 400))
+        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-7", "g1", entitlement: "trial-x", from: wall - 1_000, until: wall + 1_500))
+        // 1.5 s: the write (an fsync) and its event must come before the expiry, even on a
+        // slow disk; were the grant already expired, the event below would say so.
         let written = try await iterator.next()
         #expect(written?.cause == .write && written?.customerId == "user-7" && written?.logSequence == 1)
         #expect(written?.changes == [EntitlementChange(entitlementId: "trial-x", before: nil, after: EntitlementState(isActive: true, renewState: .nonRenewable))])
@@ -141,7 +143,7 @@ struct WriteTests {
         #expect(expired?.cause == .time)
         #expect(expired?.changes.first?.entitlementId == "trial-x")
         #expect(expired?.changes.first?.after?.isActive == false)
-        #expect((expired?.current?.requestDate ?? 0) >= wall + 400)
+        #expect((expired?.current?.requestDate ?? 0) >= wall + 1_500)
         await client.close()
         try await fixture.stop()
     }

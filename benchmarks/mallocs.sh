@@ -2,27 +2,29 @@
 # Heap allocations per request on the live server, counted by the kernel (uprobes on
 # glibc's malloc, calloc, realloc and posix_memalign), not by an interposer:
 #
-#   benchmarks/mallocs.sh [--connections 50] [--in-flight 1] [--seconds 5]
+#   benchmarks/mallocs.sh [--connections 50] [--in-flight 1] [--batch 1] [--seconds 5]
 #
 # Needs root (perf probe) and release builds of `entitlements` and LoadGen (run.sh builds
 # both). Starts `serve --threads 1 --resolvers 1` on 100,000 generated customers (every answer
 # cached: each check is a cache hit), drives it with LoadGen, and divides the server's
-# allocation calls during the run by the requests answered. Connection setup is included
-# and amortised over the run.
+# allocation calls during the run by the requests answered (with --batch B, a request is
+# a BatchCheckEntitlements of B customers). Connection setup is included and amortised
+# over the run. ENT=path overrides the server binary (to compare two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CONNECTIONS=50; IN_FLIGHT=1; SECONDS_=5
+CONNECTIONS=50; IN_FLIGHT=1; BATCH=1; SECONDS_=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --connections) CONNECTIONS=$2; shift ;;
     --in-flight) IN_FLIGHT=$2; shift ;;
+    --batch) BATCH=$2; shift ;;
     --seconds) SECONDS_=$2; shift ;;
     *) echo "mallocs.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
 done
 command -v perf >/dev/null || { echo "mallocs.sh: needs perf (apt-get install linux-perf)" >&2; exit 2; }
-ENT=.build/release/entitlements; LOAD=benchmarks/.build/release/LoadGen
+ENT=${ENT:-.build/release/entitlements}; LOAD=benchmarks/.build/release/LoadGen
 [ -x $ENT ] && [ -x $LOAD ] || { echo "mallocs.sh: build first: benchmarks/run.sh --quick, or swift build -c release" >&2; exit 2; }
 LIBC=$(ldd $ENT | awk '/libc.so.6/ {print $3}')
 WORK=$(mktemp -d); PORT=7495
@@ -37,7 +39,7 @@ for _ in $(seq 1 300); do grep -q "listening on" "$WORK/serve.log" && break; sle
 perf stat -x, -o "$WORK/stat.txt" -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc,probe_libc:posix_memalign -p $SERVER &
 STAT=$!
 sleep 0.5
-taskset -c 1 $LOAD run --target entitlements --port $PORT --connections $CONNECTIONS --in-flight $IN_FLIGHT \
+taskset -c 1 $LOAD run --target entitlements --port $PORT --connections $CONNECTIONS --in-flight $IN_FLIGHT --batch $BATCH \
   --duration $SECONDS_ --warmup 0 --customers 100000 --json "$WORK/run.json" --label "mallocs" >/dev/null
 sleep 0.5
 kill -INT $STAT; wait $STAT 2>/dev/null || true

@@ -100,6 +100,7 @@ for ROUND in $(seq 1 $RUNS); do
   wait_for "$WORK/redis.log" "Ready to accept connections"
   $LOAD load-redis --port $REDIS_PORT --snapshot "$WORK/data.snap"
   shared_profiles redis --target redis --port $REDIS_PORT
+  load redis p8-batch --target redis --port $REDIS_PORT --customers $CUSTOMERS --connections 50 --in-flight 1 --batch 100
   if [ $ROUND = 1 ]; then
     # The cross-check: redis-benchmark GETs one customer's bytes, 50 x 1, against LoadGen's p2.
     $CLIENT_CPU redis-benchmark -p $REDIS_PORT -c 50 -P 1 -n $(( QUICK == 1 ? 50000 : 500000 )) --csv GET user-1 \
@@ -113,6 +114,7 @@ for ROUND in $(seq 1 $RUNS); do
   wait_for "$WORK/serve.log" "listening on unix:"
   shared_profiles entitlements --target entitlements --port $PORT
   load entitlements p7-unix --target entitlements --unix $UNIX_SOCKET --customers $CUSTOMERS --connections 50 --in-flight 1
+  load entitlements p8-batch --target entitlements --port $PORT --customers $CUSTOMERS --connections 50 --in-flight 1 --batch 100
   grep VmHWM "/proc/${PIDS[0]}/status" | awk '{print $2}' > "$OUT/entitlements-rss-kib.txt"
   stop
 

@@ -167,6 +167,23 @@ for profile, title in [
     if run:
         each = " / ".join(f"{t:,.0f}" for t in run["each"])
         lines.append(f"| {title} | {run['throughput']:,.0f} | {run['p50']:.0f} | {run['p99']:.0f} | {run['p99.9']:.0f} | {each} |")
+ours_batch, redis_batch = median("entitlements", "p8-batch"), median("redis", "p8-batch")
+if ours_batch:
+    size = runs[("entitlements", "p8-batch")][0].get("batch", 1)
+    lines += [
+        "",
+        f"Batches (p8): {size} uniform customers per request, 50 x 1; ours a BatchCheckEntitlements, Redis an MGET of the same bytes:",
+        "",
+        "| system | batches/s | customers/s | p50 | p99 | vs Redis: throughput, p99 | CPU server, client | runs (batches/s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for system, run in [("redis", redis_batch), ("entitlements", ours_batch)]:
+        if run:
+            versus = f"{ratio(run['throughput'], redis_batch['throughput'])}, {ratio(run['p99'], redis_batch['p99'])}" if system != "redis" and redis_batch else ""
+            each = " / ".join(f"{t:,.0f}" for t in run["each"])
+            lines.append(
+                f"| {system} | {run['throughput']:,.0f} | {run['throughput'] * size:,.0f} | {run['p50']:.0f} | {run['p99']:.0f} | {versus} | {cpu(run)} | {each} |"
+            )
 for name, text in [("entitlements-rss-kib.txt", "read-only server, 100,000 customers, all cached"), ("entitlements-p5-rss-kib.txt", "cold profile (p5)")]:
     path = os.path.join(folder, name)
     if os.path.exists(path):

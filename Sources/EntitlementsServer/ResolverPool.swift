@@ -288,6 +288,58 @@ public final class ResolverPool: Sendable {
         self.abandoned.store(true, ordering: .relaxed)
     }
 
+    /// Runs a batch's queries with one task per resolver involved, not one per user, and
+    /// completes `promise` (on `loop`) with the outcomes in the queries' order. A resolver
+    /// on `loop` itself runs its share at once; an alias owned by another resolver costs
+    /// that user one more hop.
+    func checkBatch(_ queries: [CheckQuery], on loop: any EventLoop, completing promise: EventLoopPromise<[CheckOutcome]>) {
+        var shares = [[Int]](repeating: [], count: self.resolvers.count)
+        for (index, query) in queries.enumerated() {
+            shares[LRUCache.shardIndex(for: query.userId, shardCount: self.resolvers.count)].append(index)
+        }
+        let parts = shares.enumerated().compactMap { shard, indices -> EventLoopFuture<[CheckOutcome]>? in
+            guard !indices.isEmpty else {
+                return nil
+            }
+            let part = loop.makePromise(of: [CheckOutcome].self)
+            let resolver = self.resolvers[shard]
+            Self.onLoop(of: resolver) {
+                guard !self.abandoned.load(ordering: .relaxed) else {
+                    part.succeed(Array(repeating: .stopping, count: indices.count))
+                    return
+                }
+                let core = resolver.core.value
+                part.succeed(indices.map { core.check(queries[$0]) })
+            }
+            return part.futureResult
+        }
+        EventLoopFuture.whenAllSucceed(parts, on: loop).assumeIsolated().whenSuccess { results in
+            var outcomes = [CheckOutcome](repeating: .stopping, count: queries.count)
+            var forwards: [EventLoopFuture<(Int, CheckOutcome)>] = []
+            for (shareIndex, share) in shares.filter({ !$0.isEmpty }).enumerated() {
+                for (index, outcome) in zip(share, results[shareIndex]) {
+                    if case .forward(let owner, let customerId) = outcome {
+                        let forwarded = loop.makePromise(of: CheckOutcome.self)
+                        self.check(queries[index], owner: owner, customerId: customerId, completing: forwarded)
+                        forwards.append(forwarded.futureResult.map { (index, $0) })
+                    } else {
+                        outcomes[index] = outcome
+                    }
+                }
+            }
+            guard !forwards.isEmpty else {
+                promise.succeed(outcomes)
+                return
+            }
+            EventLoopFuture.whenAllSucceed(forwards, on: loop).assumeIsolated().whenSuccess { answered in
+                for (index, outcome) in answered {
+                    outcomes[index] = outcome
+                }
+                promise.succeed(outcomes)
+            }
+        }
+    }
+
     /// Makes every resolver forget what `write` changed; the future completes when all
     /// have (the write may then be acknowledged).
     func invalidate(after write: CustomerStore.CommittedWrite, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

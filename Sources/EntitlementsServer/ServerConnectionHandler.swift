@@ -367,15 +367,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let instant = request.at ?? WallClock.unixMilliseconds()
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
         self.accept(requestID, deadline: deadline)
-        let futures = request.userIds.map { userId in
-            let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
-            self.pool.check(
-                CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline),
-                completing: promise
-            )
-            return promise.futureResult
+        let queries = request.userIds.map { userId in
+            CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline)
         }
-        EventLoopFuture.whenAllSucceed(futures, on: self.context.eventLoop).assumeIsolated().whenSuccess { outcomes in
+        let answered = self.context.eventLoop.makePromise(of: [CheckOutcome].self)
+        self.pool.checkBatch(queries, on: self.context.eventLoop, completing: answered)
+        answered.futureResult.assumeIsolated().whenSuccess { outcomes in
             guard self.pending[requestID] != nil else {
                 return  // cancelled or timed out meanwhile
             }

@@ -251,6 +251,19 @@ struct EntitlementsServerTests {
             let single = try await client.checkEntitlements(CheckEntitlementsRequest(userId: result.userId, at: now))
             #expect(result == single)
         }
+        // Aliases (some owned by the other resolver: forwarded) mixed with customer ids:
+        // each answer as its single check gives it, in the batch's order.
+        var mixed: [String] = []
+        for index in 0..<40 where mixed.count < 50 {
+            let record = try #require(try fixture.snapshot.customer(for: "user-\(index)"))
+            mixed += record.aliases.prefix(1) + [record.id!]
+        }
+        #expect(mixed.count > 40 && mixed.count < 80)
+        let mixedBatch = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: Array(mixed.prefix(50)), at: now))
+        #expect(mixedBatch.results.map(\.userId) == Array(mixed.prefix(50)))
+        for result in mixedBatch.results {
+            #expect(result == (try await client.checkEntitlements(CheckEntitlementsRequest(userId: result.userId, at: now))))
+        }
         await #expect {
             try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: ids))
         } throws: { error in

@@ -3,7 +3,7 @@
 //   LoadGen run --target entitlements|redis|grpc --host H --port P [--unix PATH]
 //               [--connections C] [--in-flight D] [--rate R] [--duration S] [--warmup S]
 //               [--customers N] [--keys uniform|zipf] [--zipf-s 0.99] [--write-percent W]
-//               [--json FILE] [--distribution FILE] [--label TEXT] [--server-pid PID]
+//               [--batch B] [--json FILE] [--distribution FILE] [--label TEXT] [--server-pid PID]
 //   LoadGen load-redis --port P --snapshot FILE [--at UNIX_MS]
 //
 // Closed loop (default): each of C connections keeps D requests in flight. Open loop
@@ -11,7 +11,9 @@
 // whatever the answers do, and latency is measured from the *scheduled* send time, so a
 // stall is charged to every request it delays (coordinated omission corrected, as wrk2).
 // Keys: customer ids user-0 ... user-(N-1), uniform or Zipf (the continuous power-law
-// approximation, exponent --zipf-s). Latencies go to an HdrHistogram (1 µs to 60 s, 3
+// approximation, exponent --zipf-s). With --batch B, each request asks about B customers:
+// a BatchCheckEntitlements of B users, or a Redis MGET of B keys; "requests" are then
+// batches, and the JSON adds usersPerSecond. Latencies go to an HdrHistogram (1 µs to 60 s, 3
 // significant digits).
 import EntitlementsMessages
 import EntitlementsResolver
@@ -85,6 +87,7 @@ struct Settings: Sendable {
     var zipf: Bool { self.text("keys", "uniform") == "zipf" }
     var zipfS: Double { self.number("zipf-s", 0.99) }
     var writePercent: Int { Int(self.number("write-percent", 0)) }
+    var batch: Int { Int(self.number("batch", 1)) }
 }
 
 let settings = Settings.current
@@ -149,6 +152,10 @@ if target != .entitlements, writePercent > 0 {
     print("error: --write-percent is for --target entitlements")
     exit(2)
 }
+if settings.batch < 1 || (settings.batch > 1 && (target == .grpc || writePercent > 0)) {
+    print("error: --batch is 1 or more, for --target entitlements or redis, without --write-percent")
+    exit(2)
+}
 if target == .grpc, unixPath != nil {
     print("error: --unix is for --target entitlements")
     exit(2)
@@ -156,19 +163,55 @@ if target == .grpc, unixPath != nil {
 
 // MARK: Keys
 
+/// The settings the per-request path reads, parsed once (`Settings`' properties parse
+/// their text on every read).
+enum Load {
+    static let target = Settings.current.target
+    static let customers = Settings.current.customers
+    static let zipf = Settings.current.zipf
+    static let zipfExponent = 1 - Settings.current.zipfS
+    static let batch = Settings.current.batch
+    static let writePercent = Settings.current.writePercent
+}
+
+/// xoshiro256** seeded once from the system generator. `SystemRandomNumberGenerator` makes a
+/// `getrandom` system call per number: a quarter of the load generator's CPU at 100 keys a
+/// request, time the load generator then could not spend loading the server.
+struct FastRandom: RandomNumberGenerator {
+    private var state: (UInt64, UInt64, UInt64, UInt64)
+
+    init() {
+        var system = SystemRandomNumberGenerator()
+        self.state = (system.next(), system.next(), system.next(), system.next() | 1)
+    }
+
+    mutating func next() -> UInt64 {
+        func rotate(_ x: UInt64, _ k: UInt64) -> UInt64 { (x << k) | (x >> (64 - k)) }
+        let result = rotate(self.state.1 &* 5, 7) &* 9
+        let t = self.state.1 << 17
+        self.state.2 ^= self.state.0
+        self.state.3 ^= self.state.1
+        self.state.1 ^= self.state.2
+        self.state.0 ^= self.state.3
+        self.state.2 ^= t
+        self.state.3 = rotate(self.state.3, 45)
+        return result
+    }
+}
+
 /// Customer indices, uniform or Zipf-distributed (hot customers are the low indices).
 struct KeyPicker {
-    var random = SystemRandomNumberGenerator()
+    var random = FastRandom()
 
     mutating func next() -> Int {
         let u = Double.random(in: 0..<1, using: &self.random)
-        let customers = Settings.current.customers
-        guard Settings.current.zipf else {
+        let customers = Load.customers
+        guard Load.zipf else {
             return Int(u * Double(customers))
         }
         // Inverse CDF of the continuous density x^-s on [1, N+1).
         let n = Double(customers) + 1
-        let exponent = 1 - Settings.current.zipfS
+        let exponent = Load.zipfExponent
         let x = exponent == 0 ? pow(n, u) : pow((pow(n, exponent) - 1) * u + 1, 1 / exponent)
         return min(customers - 1, max(0, Int(x) - 1))
     }
@@ -296,7 +339,15 @@ final class LoadHandler: ChannelInboundHandler {
         let customer = self.keys.next()
         var out = context.channel.allocator.buffer(capacity: 64)
         let stamp = intended.uptimeNanoseconds
-        switch Settings.current.target {
+        switch Load.target {
+        case .redis where Load.batch > 1:
+            let batch = Load.batch
+            out.writeString("*\(batch + 1)\r\n$4\r\nMGET\r\n")
+            for index in 0..<batch {
+                let key = "user-\(index == 0 ? customer : self.keys.next())"
+                out.writeString("$\(key.utf8.count)\r\n\(key)\r\n")
+            }
+            self.fifo.append(stamp)
         case .redis:
             let key = "user-\(customer)"
             out.writeString("*2\r\n$3\r\nGET\r\n$\(key.utf8.count)\r\n\(key)\r\n")
@@ -306,10 +357,15 @@ final class LoadHandler: ChannelInboundHandler {
         case .entitlements:
             let id = self.nextID
             self.nextID += 1
-            if Settings.current.writePercent > 0, Int.random(in: 0..<100) < Settings.current.writePercent {
+            if Load.writePercent > 0, Int.random(in: 0..<100, using: &self.keys.random) < Load.writePercent {
                 let grant = Grant(grantId: "load-\(ObjectIdentifier(self).hashValue)-\(id)", entitlementId: "bench")
                 let payload = ByteBuffer(bytes: try! GrantEntitlementRequest(userId: "user-\(customer)", grant: grant).serializedBytes())
                 out.writeFrameHeader(type: .request, method: .grantEntitlement, requestID: id, payloadLength: UInt32(payload.readableBytes))
+                out.writeImmutableBuffer(payload)
+            } else if Load.batch > 1 {
+                let users = [customer] + (1..<Load.batch).map { _ in self.keys.next() }
+                let payload = ByteBuffer(bytes: try! BatchCheckEntitlementsRequest(userIds: users.map { "user-\($0)" }).serializedBytes())
+                out.writeFrameHeader(type: .request, method: .batchCheckEntitlements, requestID: id, payloadLength: UInt32(payload.readableBytes))
                 out.writeImmutableBuffer(payload)
             } else {
                 // CheckEntitlementsRequest{user_id}: field 1, length-delimited.
@@ -329,7 +385,7 @@ final class LoadHandler: ChannelInboundHandler {
         var incoming = self.unwrapInboundIn(data)
         self.buffer.writeBuffer(&incoming)
         do {
-            switch Settings.current.target {
+            switch Load.target {
             case .grpc:
                 break
             case .entitlements:
@@ -377,7 +433,7 @@ final class LoadHandler: ChannelInboundHandler {
     }
 
     private func finishIfIdle(context: ChannelHandlerContext) {
-        let outstanding = Settings.current.target == .redis ? self.fifo.count - self.fifoHead : self.sentAt.count
+        let outstanding = Load.target == .redis ? self.fifo.count - self.fifoHead : self.sentAt.count
         guard outstanding == 0, !self.finished else { return }
         self.finished = true
         let histogram = self.histogram
@@ -391,23 +447,49 @@ final class LoadHandler: ChannelInboundHandler {
     /// One RESP reply if complete: true for a bulk string (a hit), false for a nil or an
     /// error; nil when more bytes are needed.
     static func readRedisReply(_ buffer: inout ByteBuffer) -> Bool? {
-        let view = buffer.readableBytesView
-        guard let lineEnd = view.firstIndex(of: UInt8(ascii: "\n")) else { return nil }
-        let line = String(decoding: view[view.startIndex..<(lineEnd - 1)], as: UTF8.self)
-        let headerLength = lineEnd - view.startIndex + 1
-        switch line.first {
-        case "$":
-            let length = Int(line.dropFirst()) ?? -1
-            if length < 0 {
-                buffer.moveReaderIndex(forwardBy: headerLength)
-                return false
+        let parsed = buffer.withUnsafeReadableBytes { bytes -> (ok: Bool, length: Int)? in
+            var offset = 0
+            return Self.parseReply(bytes, &offset).map { ($0, offset) }
+        }
+        guard let parsed else { return nil }
+        buffer.moveReaderIndex(forwardBy: parsed.length)
+        return parsed.ok
+    }
+
+    /// One reply at `offset`, read in place (no strings: at an MGET of 100 keys the
+    /// parsing must not become the load generator's limit); moves `offset` past it.
+    private static func parseReply(_ bytes: UnsafeRawBufferPointer, _ offset: inout Int) -> Bool? {
+        guard offset < bytes.count else { return nil }
+        let kind = bytes[offset]
+        var end = offset + 1
+        while end < bytes.count, bytes[end] != UInt8(ascii: "\n") { end += 1 }
+        guard end < bytes.count else { return nil }
+        var position = offset + 1
+        let negative = position < end && bytes[position] == UInt8(ascii: "-")
+        if negative { position += 1 }
+        var value = 0
+        while position < end, bytes[position] >= UInt8(ascii: "0"), bytes[position] <= UInt8(ascii: "9") {
+            value = value * 10 + Int(bytes[position] - UInt8(ascii: "0"))
+            position += 1
+        }
+        if negative { value = -value }
+        offset = end + 1
+        switch kind {
+        case UInt8(ascii: "*"):
+            // An MGET's array: complete once every element is; true if all are hits.
+            var allHits = value >= 0
+            for _ in 0..<max(0, value) {
+                guard let hit = Self.parseReply(bytes, &offset) else { return nil }
+                allHits = allHits && hit
             }
-            guard buffer.readableBytes >= headerLength + length + 2 else { return nil }
-            buffer.moveReaderIndex(forwardBy: headerLength + length + 2)
+            return allHits
+        case UInt8(ascii: "$"):
+            if value < 0 { return false }  // nil: a miss
+            guard offset + value + 2 <= bytes.count else { return nil }
+            offset += value + 2
             return true
         default:
-            buffer.moveReaderIndex(forwardBy: headerLength)
-            return line.first == "+"
+            return kind == UInt8(ascii: "+")
         }
     }
 }
@@ -457,7 +539,7 @@ if let path = options["json"] {
         "label": label, "target": target.rawValue, "connections": connections, "inFlight": settings.inFlight,
         "rate": rate ?? 0, "durationSeconds": duration, "customers": settings.customers, "keys": settings.zipf ? "zipf" : "uniform",
         "writePercent": writePercent, "requests": histogram.totalCount, "errors": errors,
-        "throughput": throughput.rounded(),
+        "throughput": throughput.rounded(), "batch": settings.batch, "usersPerSecond": (throughput * Double(settings.batch)).rounded(),
         "latencyMicroseconds": ["p50": microseconds(50), "p90": microseconds(90), "p99": microseconds(99), "p99.9": microseconds(99.9), "max": histogram.max],
         "cpuPercent": ["server": usage.server.map { $0.rounded() } ?? -1, "client": usage.client.map { $0.rounded() } ?? -1],
     ]

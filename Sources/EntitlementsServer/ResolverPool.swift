@@ -200,6 +200,19 @@ final class ResolverCore {
     }
 }
 
+/// Whether the connection a check came from is still open. Work queued on another loop for
+/// a connection that has closed is skipped (answered ``CheckOutcome/stopping``, which
+/// nobody reads): a client that times out and goes away does not leave its checks behind.
+final class ConnectionScope: Sendable {
+    private let closed = Atomic<Bool>(false)
+
+    var isClosed: Bool { self.closed.load(ordering: .relaxed) }
+
+    func close() {
+        self.closed.store(true, ordering: .relaxed)
+    }
+}
+
 /// The resolvers, one per event loop of the server's group (or more, round-robin over
 /// the loops), and the routing of a customer to its resolver.
 public final class ResolverPool: Sendable {
@@ -252,17 +265,17 @@ public final class ResolverPool: Sendable {
 
     /// Runs `query` on its resolver and, for an alias of another resolver's customer, on
     /// that one too; completes `promise` with the outcome.
-    func check(_ query: CheckQuery, completing promise: EventLoopPromise<CheckOutcome>) {
+    func check(_ query: CheckQuery, for scope: ConnectionScope? = nil, completing promise: EventLoopPromise<CheckOutcome>) {
         let first = self.resolver(for: query.userId)
         Self.onLoop(of: first) {
-            guard !self.abandoned.load(ordering: .relaxed) else {
+            guard !self.skips(scope) else {
                 promise.succeed(.stopping)
                 return
             }
             let outcome = first.core.value.check(query)
             switch outcome {
             case .forward(let shard, let customerId):
-                self.check(query, owner: shard, customerId: customerId, completing: promise)
+                self.check(query, owner: shard, customerId: customerId, for: scope, completing: promise)
             default:
                 promise.succeed(outcome)
             }
@@ -271,10 +284,16 @@ public final class ResolverPool: Sendable {
 
     /// Asks resolver `owner` about its own customer `customerId` (a forwarded alias); it
     /// never forwards again, so an alias costs at most one extra hop.
-    func check(_ query: CheckQuery, owner: Int, customerId: String, completing promise: EventLoopPromise<CheckOutcome>) {
+    func check(
+        _ query: CheckQuery,
+        owner: Int,
+        customerId: String,
+        for scope: ConnectionScope? = nil,
+        completing promise: EventLoopPromise<CheckOutcome>
+    ) {
         let resolver = self.resolvers[owner]
         Self.onLoop(of: resolver) {
-            guard !self.abandoned.load(ordering: .relaxed) else {
+            guard !self.skips(scope) else {
                 promise.succeed(.stopping)
                 return
             }
@@ -288,11 +307,22 @@ public final class ResolverPool: Sendable {
         self.abandoned.store(true, ordering: .relaxed)
     }
 
+    /// Whether a check about to run is not worth running: the server stopped without its
+    /// drain, or the connection that asked has closed.
+    private func skips(_ scope: ConnectionScope?) -> Bool {
+        self.abandoned.load(ordering: .relaxed) || scope?.isClosed == true
+    }
+
     /// Runs a batch's queries with one task per resolver involved, not one per user, and
     /// completes `promise` (on `loop`) with the outcomes in the queries' order. A resolver
     /// on `loop` itself runs its share at once; an alias owned by another resolver costs
     /// that user one more hop.
-    func checkBatch(_ queries: [CheckQuery], on loop: any EventLoop, completing promise: EventLoopPromise<[CheckOutcome]>) {
+    func checkBatch(
+        _ queries: [CheckQuery],
+        for scope: ConnectionScope? = nil,
+        on loop: any EventLoop,
+        completing promise: EventLoopPromise<[CheckOutcome]>
+    ) {
         var shares = [[Int]](repeating: [], count: self.resolvers.count)
         for (index, query) in queries.enumerated() {
             shares[LRUCache.shardIndex(for: query.userId, shardCount: self.resolvers.count)].append(index)
@@ -304,7 +334,7 @@ public final class ResolverPool: Sendable {
             let part = loop.makePromise(of: [CheckOutcome].self)
             let resolver = self.resolvers[shard]
             Self.onLoop(of: resolver) {
-                guard !self.abandoned.load(ordering: .relaxed) else {
+                guard !self.skips(scope) else {
                     part.succeed(Array(repeating: .stopping, count: indices.count))
                     return
                 }
@@ -320,7 +350,7 @@ public final class ResolverPool: Sendable {
                 for (index, outcome) in zip(share, results[shareIndex]) {
                     if case .forward(let owner, let customerId) = outcome {
                         let forwarded = loop.makePromise(of: CheckOutcome.self)
-                        self.check(queries[index], owner: owner, customerId: customerId, completing: forwarded)
+                        self.check(queries[index], owner: owner, customerId: customerId, for: scope, completing: forwarded)
                         forwards.append(forwarded.futureResult.map { (index, $0) })
                     } else {
                         outcomes[index] = outcome

@@ -55,6 +55,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var watches: [UInt64: Watch] = [:]
     private var lastRequestID: UInt64 = 0
     private var draining = false
+    /// Tells resolvers on other loops when this connection has closed.
+    private let scope = ConnectionScope()
     /// Set after a connection error, or when a drained connection closes: no more frames are read.
     private var closing = false
     /// Reads stop while too many calls are in flight, or while the socket cannot take
@@ -99,6 +101,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
+        self.scope.close()  // checks still queued on other loops for this connection are skipped
         for call in self.pending.values {
             call.timer?.cancel()
             self.metrics.inFlight.decrement()
@@ -168,6 +171,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        self.scope.close()
         // The peer closed: a frame it left unfinished is reported (logged), not answered.
         if !self.closing {
             do {
@@ -292,9 +296,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.accept(requestID, deadline: deadline)
         let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
         if case .forward(let shard, let customerId) = outcome {
-            self.pool.check(query, owner: shard, customerId: customerId, completing: promise)
+            self.pool.check(query, owner: shard, customerId: customerId, for: self.scope, completing: promise)
         } else {
-            self.pool.check(query, completing: promise)
+            self.pool.check(query, for: self.scope, completing: promise)
         }
         self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
     }
@@ -371,7 +375,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline)
         }
         let answered = self.context.eventLoop.makePromise(of: [CheckOutcome].self)
-        self.pool.checkBatch(queries, on: self.context.eventLoop, completing: answered)
+        self.pool.checkBatch(queries, for: self.scope, on: self.context.eventLoop, completing: answered)
         answered.futureResult.assumeIsolated().whenSuccess { outcomes in
             guard self.pending[requestID] != nil else {
                 return  // cancelled or timed out meanwhile

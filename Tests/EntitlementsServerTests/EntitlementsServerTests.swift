@@ -300,6 +300,44 @@ struct ServerLifecycleTests {
         try await fixture.stop()
     }
 
+    @Test("checks queued on another loop for a connection that has closed are not run")
+    func closedConnectionSkipsQueuedWork() async throws {
+        let fixture = try await ServerFixture(holdableResolvers: true)
+        func lookups() async -> UInt64 {
+            var total: UInt64 = 0
+            for resolver in fixture.server.pool.resolvers {
+                let statistics = await resolver.cacheStatistics
+                total += statistics.hits + statistics.misses
+            }
+            return total
+        }
+        let before = await lookups()
+        let connection = try RawConnection(port: fixture.port)
+        fixture.holdResolvers()
+        connection.send([
+            RawConnection.request(1, BatchCheckEntitlementsRequest(userIds: (0..<50).map { "user-\($0)" }, at: now), method: .batchCheckEntitlements),
+            RawConnection.request(2, CheckEntitlementsRequest(userId: "user-60", at: now)),
+            RawConnection.request(3, CheckEntitlementsRequest(userId: "user-61", at: now, environment: .sandbox)),
+            Frame(type: .ping, requestID: 9),
+        ])
+        #expect(try connection.receive()?.type == .pong)  // all three accepted, held on the resolver's loop
+        connection.shutdown()
+        let patience = ContinuousClock.now + .seconds(30)
+        while fixture.server.connectionCount > 0, ContinuousClock.now < patience {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        #expect(fixture.server.connectionCount == 0)
+        fixture.releaseResolvers()
+        // The statistics are read on the resolver's loop, after the queued work.
+        #expect(await lookups() == before, "a check ran for a connection that had gone")
+        // The server still serves: a new connection's check is looked up and answered.
+        let client = fixture.client()
+        _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-60", at: now))
+        #expect(await lookups() == before + 1)
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("a deadline that expires answers DEADLINE_EXCEEDED, and the work is abandoned")
     func deadline() async throws {
         let fixture = try await ServerFixture(holdableResolvers: true)

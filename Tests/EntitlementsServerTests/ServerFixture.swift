@@ -146,6 +146,11 @@ final class RawConnection: @unchecked Sendable {
         }
     }
 
+    /// Ends the connection both ways (FIN): the server sees it closed.
+    func shutdown() {
+        _ = Glibc.shutdown(self.socket, Int32(SHUT_RDWR))
+    }
+
     /// Sends what the socket takes now; returns how many bytes that was.
     func sendWithoutBlocking(_ bytes: [UInt8]) -> Int {
         bytes.withUnsafeBytes { raw in

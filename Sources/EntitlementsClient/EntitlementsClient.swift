@@ -245,7 +245,7 @@ public final class EntitlementsClient: Sendable {
         /// found closed or draining, or nil if there was none).
         func beginAttempt(on loop: any EventLoop, replacing unusable: Connection?) -> Attempt {
             self.state.withLock { state in
-                if let connection = state.connection, connection.channel !== unusable?.channel {
+                if let connection = state.connection, connection.channel !== unusable?.channel, connection.channel.isActive {
                     return .ready(connection)
                 }
                 if let connecting = state.connecting {

@@ -118,8 +118,9 @@ public final class EntitlementsServer: Sendable {
     private let services: ServerServices
 
     private let listeners: [any Channel]
-    /// nil once a drain has finished (see ``shutdownGracefully()``).
-    private let quiescing: Mutex<ServerQuiescingHelper?>
+    /// One per listener (a helper collects the connections of the one listener it was
+    /// made for); empty once a drain has finished (see ``shutdownGracefully()``).
+    private let quiescing: Mutex<[ServerQuiescingHelper]>
     private let health: ServerHealth
     private let group: any EventLoopGroup
 
@@ -128,7 +129,7 @@ public final class EntitlementsServer: Sendable {
         unixSocketPath: String?,
         services: ServerServices,
         listeners: [any Channel],
-        quiescing: ServerQuiescingHelper,
+        quiescing: [ServerQuiescingHelper],
         group: any EventLoopGroup
     ) {
         self.tcpAddress = tcpAddress
@@ -208,41 +209,48 @@ public final class EntitlementsServer: Sendable {
             report: report
         )
         store.onCommit { write, done in services.afterCommit(write, done: done) }
-        let quiescing = ServerQuiescingHelper(group: group)
-        let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(.backlog, value: 1_024)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .serverChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(quiescing.makeServerChannelHandler(channel: channel))
-                }
-            }
-            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-            .childChannelOption(.maxMessagesPerRead, value: 16)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    guard services.connections.admit() else {
-                        try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
-                        return
+        // A quiescing helper per listener: one helper keeps the connections of the first
+        // listener it was given only, so with one for both the Unix socket's connections
+        // were never drained.
+        var quiescing: [ServerQuiescingHelper] = []
+        func bootstrap() -> ServerBootstrap {
+            let helper = ServerQuiescingHelper(group: group)
+            quiescing.append(helper)
+            return ServerBootstrap(group: group)
+                .serverChannelOption(.backlog, value: 1_024)
+                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .serverChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(helper.makeServerChannelHandler(channel: channel))
                     }
-                    services.metrics.connections.increment()
-                    let id = ObjectIdentifier(channel)
-                    services.channels.withLock { $0[id] = channel }
-                    channel.closeFuture.whenComplete { _ in
-                        services.connections.release()
-                        services.metrics.connections.decrement()
-                        services.channels.withLock { $0[id] = nil }
-                    }
-                    try channel.pipeline.syncOperations.addHandler(
-                        ServerConnectionHandler(services: services, configuration: configuration)
-                    )
                 }
-            }
+                .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+                .childChannelOption(.maxMessagesPerRead, value: 16)
+                .childChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        guard services.connections.admit() else {
+                            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
+                            return
+                        }
+                        services.metrics.connections.increment()
+                        let id = ObjectIdentifier(channel)
+                        services.channels.withLock { $0[id] = channel }
+                        channel.closeFuture.whenComplete { _ in
+                            services.connections.release()
+                            services.metrics.connections.decrement()
+                            services.channels.withLock { $0[id] = nil }
+                        }
+                        try channel.pipeline.syncOperations.addHandler(
+                            ServerConnectionHandler(services: services, configuration: configuration)
+                        )
+                    }
+                }
+        }
         var listeners: [any Channel] = []
         var tcpAddress: SocketAddress?
         do {
             if let tcp = configuration.tcp {
-                let channel = try await bootstrap.bind(host: tcp.host, port: tcp.port).get()
+                let channel = try await bootstrap().bind(host: tcp.host, port: tcp.port).get()
                 listeners.append(channel)
                 tcpAddress = channel.localAddress
             }
@@ -252,7 +260,7 @@ public final class EntitlementsServer: Sendable {
                 if Self.someoneListens(onUnixSocket: path) {
                     throw UnixSocketInUse(path: path)
                 }
-                let channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+                let channel = try await bootstrap().bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
                 listeners.append(channel)
             }
         } catch {
@@ -313,19 +321,19 @@ public final class EntitlementsServer: Sendable {
     public func shutdownGracefully() async {
         self.health.stopServing()
         let loop = self.group.next()
-        let promise = loop.makePromise(of: Void.self)
-        let started = self.quiescing.withLock { helper in
-            helper?.initiateShutdown(promise: promise)
-            return helper != nil
+        let drained = self.quiescing.withLock { helpers in
+            helpers.map { helper in
+                let promise = loop.makePromise(of: Void.self)
+                helper.initiateShutdown(promise: promise)
+                return promise.futureResult
+            }
         }
-        if started {
-            try? await promise.futureResult.get()
-            // The helper fails a promise of the group's when it deinits: let that happen on
+        if !drained.isEmpty {
+            try? await EventLoopFuture.andAllComplete(drained, on: loop).get()
+            // A helper fails a promise of the group's when it deinits: let that happen on
             // the group now, not whenever the server is released, perhaps after the group
             // has shut down (which NIO reports, and will make a crash).
-            try? await loop.submit { self.quiescing.withLock { $0 = nil } }.get()
-        } else {
-            promise.succeed()  // drained before
+            try? await loop.submit { self.quiescing.withLock { $0.removeAll() } }.get()
         }
         // Every acknowledged write is durable already; this waits for queued ones.
         self.store.close()

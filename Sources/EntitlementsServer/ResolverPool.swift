@@ -323,14 +323,14 @@ public final class ResolverPool: Sendable {
         on loop: any EventLoop,
         completing promise: EventLoopPromise<[CheckOutcome]>
     ) {
-        var shares = [[Int]](repeating: [], count: self.resolvers.count)
+        var byShard = [[Int]](repeating: [], count: self.resolvers.count)
         for (index, query) in queries.enumerated() {
-            shares[LRUCache.shardIndex(for: query.userId, shardCount: self.resolvers.count)].append(index)
+            byShard[LRUCache.shardIndex(for: query.userId, shardCount: self.resolvers.count)].append(index)
         }
-        let parts = shares.enumerated().compactMap { shard, indices -> EventLoopFuture<[CheckOutcome]>? in
-            guard !indices.isEmpty else {
-                return nil
-            }
+        // Shares for other loops go first, so that they run while this loop does its own.
+        let nonEmpty = byShard.enumerated().filter { !$0.element.isEmpty }
+        let shares = nonEmpty.filter { self.resolvers[$0.offset].eventLoop !== loop } + nonEmpty.filter { self.resolvers[$0.offset].eventLoop === loop }
+        let parts = shares.map { shard, indices -> EventLoopFuture<[CheckOutcome]> in
             let part = loop.makePromise(of: [CheckOutcome].self)
             let resolver = self.resolvers[shard]
             Self.onLoop(of: resolver) {
@@ -346,8 +346,8 @@ public final class ResolverPool: Sendable {
         EventLoopFuture.whenAllSucceed(parts, on: loop).assumeIsolated().whenSuccess { results in
             var outcomes = [CheckOutcome](repeating: .stopping, count: queries.count)
             var forwards: [EventLoopFuture<(Int, CheckOutcome)>] = []
-            for (shareIndex, share) in shares.filter({ !$0.isEmpty }).enumerated() {
-                for (index, outcome) in zip(share, results[shareIndex]) {
+            for (share, outcomesOfShare) in zip(shares, results) {
+                for (index, outcome) in zip(share.element, outcomesOfShare) {
                     if case .forward(let owner, let customerId) = outcome {
                         let forwarded = loop.makePromise(of: CheckOutcome.self)
                         self.check(queries[index], owner: owner, customerId: customerId, for: scope, completing: forwarded)

@@ -242,7 +242,9 @@ struct EntitlementsServerTests {
 
     @Test("batch check: one answer per user in order; too many users or a bad id fails the batch")
     func batch() async throws {
-        let fixture = try await ServerFixture(configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), maximumBatchSize: 50))
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0), maximumBatchSize: 50)
+        configuration.resolvers = 2  // whatever the machine's cores: aliases are forwarded
+        let fixture = try await ServerFixture(configuration: configuration)
         let client = fixture.client()
         let ids = (0..<50).map { "user-\($0 * 3)" } + ["nobody"]
         let batch = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: Array(ids.prefix(49)) + ["nobody"], at: now))
@@ -254,11 +256,16 @@ struct EntitlementsServerTests {
         // Aliases (some owned by the other resolver: forwarded) mixed with customer ids:
         // each answer as its single check gives it, in the batch's order.
         var mixed: [String] = []
-        for index in 0..<40 where mixed.count < 50 {
+        var forwarded = 0  // aliases whose customer the other resolver owns
+        for index in 0..<40 where mixed.count < 48 {
             let record = try #require(try fixture.snapshot.customer(for: "user-\(index)"))
+            for alias in record.aliases.prefix(1) where LRUCache.shardIndex(for: alias, shardCount: 2) != LRUCache.shardIndex(for: record.id!, shardCount: 2) {
+                forwarded += 1
+            }
             mixed += record.aliases.prefix(1) + [record.id!]
         }
         #expect(mixed.count > 40 && mixed.count < 80)
+        #expect(forwarded >= 1, "no alias owned by the other resolver: the forwarding path is not exercised")
         let mixedBatch = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: Array(mixed.prefix(50)), at: now))
         #expect(mixedBatch.results.map(\.userId) == Array(mixed.prefix(50)))
         for result in mixedBatch.results {
@@ -360,10 +367,10 @@ struct ServerLifecycleTests {
         try await fixture.stop()
     }
 
-    @Test("graceful shutdown: GOAWAY with the last id, every accepted request answered, then close")
-    func gracefulShutdown() async throws {
+    @Test("graceful shutdown: GOAWAY with the last id, every accepted request answered, then close", arguments: ["tcp", "unix"])
+    func gracefulShutdown(listener: String) async throws {
         let fixture = try await ServerFixture(holdableResolvers: true)
-        let connection = try RawConnection(port: fixture.port)
+        let connection = listener == "tcp" ? try RawConnection(port: fixture.port) : try RawConnection(unixPath: fixture.socketPath)
         fixture.holdResolvers()
         connection.send((1...50).map { RawConnection.request(UInt64($0), CheckEntitlementsRequest(userId: "user-\($0)")) } + [Frame(type: .ping, requestID: 9)])
         // Frames are read in order: the PONG means all 50 requests were accepted.
@@ -386,6 +393,9 @@ struct ServerLifecycleTests {
         }
         #expect(Set(frames.map(\.requestID)) == Set(1...50))
         await stopped
+        // Both listeners are closed: no new connection on either.
+        #expect(throws: (any Error).self) { try RawConnection(port: fixture.port) }
+        #expect(throws: (any Error).self) { try RawConnection(unixPath: fixture.socketPath) }
         try await fixture.stop()
     }
 

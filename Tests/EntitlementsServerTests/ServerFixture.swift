@@ -76,8 +76,10 @@ final class ServerFixture: Sendable {
 
     func stop() async throws {
         await self.server.shutdownGracefully()
-        try await self.group.shutdownGracefully()
+        // The resolvers' loop first: work still queued there (released by the test just
+        // before) completes promises of the connections' loops, which must still run.
         try await self.resolverGroup?.shutdownGracefully()
+        try await self.group.shutdownGracefully()
         try? FileManager.default.removeItem(atPath: self.directory)
     }
 }
@@ -117,6 +119,25 @@ final class RawConnection: @unchecked Sendable {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(self.socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard result == 0 else {
+            throw EntitlementsClientError(code: .unavailable, message: "connect failed: \(errno)")
+        }
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(self.socket, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    /// Connects to the server's Unix socket.
+    init(unixPath: String) throws {
+        self.socket = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let path = Array(unixPath.utf8)
+        precondition(path.count < MemoryLayout.size(ofValue: address.sun_path))
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: path) }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(self.socket, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard result == 0 else {
+            close(self.socket)
             throw EntitlementsClientError(code: .unavailable, message: "connect failed: \(errno)")
         }
         var timeout = timeval(tv_sec: 10, tv_usec: 0)

@@ -35,6 +35,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// When bytes last arrived, for the idle timeout (a partial frame counts; the
     /// slow-sender guard, with its shorter timeout, deals with those).
     private var lastActivity = NIODeadline.now()
+    /// Checks answered OK during the current read from its own frames: counted, with one
+    /// clock read for all of them, when the read's frames are done (a clock read and a lock
+    /// per answer were 3 to 4% of the server's CPU at 50 x 16).
+    private var checksAnsweredInRead = 0
     private var idleTimer: Scheduled<Void>?
 
     /// A call accepted and not yet answered.
@@ -135,6 +139,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             }
         } catch {
             self.frameError(error)
+        }
+        if self.checksAnsweredInRead > 0 {
+            self.metrics.answered(.checkEntitlements, .ok, count: self.checksAnsweredInRead, since: self.lastActivity)
+            self.checksAnsweredInRead = 0
         }
         self.guardAgainstSlowSender()
     }
@@ -713,7 +721,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.outgoing.moveWriterIndex(to: frameStart)
         if let flags {
             self.outgoing.writeFrameHeader(type: .response, flags: flags, requestID: requestID, payloadLength: UInt32(payloadLength))
-            self.metrics.answered(call.method, .ok, since: call.start)
+            if self.inReadBatch, call.start == self.lastActivity, call.method == .checkEntitlements {
+                self.checksAnsweredInRead += 1  // counted at the end of this read
+            } else {
+                self.metrics.answered(call.method, .ok, since: call.start)
+            }
         } else {
             let status = failure()
             self.outgoing.writeFrameHeader(type: .response, status: status, requestID: requestID, payloadLength: UInt32(payloadLength))

@@ -75,10 +75,11 @@ public final class ServerMetrics: Sendable {
         self.ready = Meter(label: "entitlements_ready", factory: factory)
     }
 
-    /// Counts an answered request and its latency (from when its frame was read).
-    func answered(_ method: MethodID, _ status: StatusCode, since start: NIODeadline) {
+    /// Counts `count` answered requests of one kind, read at `start`, and their latency
+    /// (each the same: from `start` to now).
+    func answered(_ method: MethodID, _ status: StatusCode, count: Int = 1, since start: NIODeadline) {
         guard let index = Self.methods.firstIndex(of: method) else {
-            self.otherRequests.increment()
+            self.otherRequests.increment(by: Int64(count))
             return
         }
         let factory = self.factory
@@ -94,8 +95,11 @@ public final class ServerMetrics: Sendable {
             requests[index][Int(status.rawValue)] = counter
             return counter
         }
-        counter.increment()
-        self.latency[index].recordNanoseconds((NIODeadline.now() - start).nanoseconds)
+        counter.increment(by: Int64(count))
+        let nanoseconds = (NIODeadline.now() - start).nanoseconds
+        for _ in 0..<count {
+            self.latency[index].recordNanoseconds(nanoseconds)
+        }
     }
 
     /// Sets the values read at scrape time: the caches, the snapshot, the log.

@@ -67,42 +67,19 @@ public struct CachedAnswer: Sendable, Hashable {
         // Two strings (tag, up to 5 length bytes) and two int64 fields (tag, up to 10 bytes).
         let most = 12 + userId.utf8.count + customerId.utf8.count + 22 + self.encodedEntitlements.count
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: most) { out in
-            var position = 0
-            func varint(_ value: UInt64) {
-                var value = value
-                while value >= 0x80 {
-                    out[position] = UInt8(truncatingIfNeeded: value) | 0x80
-                    position += 1
-                    value >>= 7
-                }
-                out[position] = UInt8(value)
-                position += 1
-            }
-            func bytes(_ source: UnsafeRawBufferPointer) {
-                guard let base = source.baseAddress, source.count > 0 else { return }
-                (out.baseAddress! + position).copyMemory(from: base, byteCount: source.count)
-                position += source.count
-            }
-            userId.withUTF8 { utf8 in
-                varint(1 << 3 | 2)
-                varint(UInt64(utf8.count))
-                bytes(UnsafeRawBufferPointer(utf8))
-            }
+            var writer = WireWriter(out: out)
+            writer.string(field: 1, &userId)
             if hasCustomer {
-                customerId.withUTF8 { utf8 in
-                    varint(2 << 3 | 2)
-                    varint(UInt64(utf8.count))
-                    bytes(UnsafeRawBufferPointer(utf8))
-                }
+                writer.string(field: 2, &customerId)
             }
-            varint(3 << 3)
-            varint(UInt64(bitPattern: requestDate))
+            writer.varint(3 << 3)
+            writer.varint(UInt64(bitPattern: requestDate))
             if let validUntil = self.validUntil {
-                varint(4 << 3)
-                varint(UInt64(bitPattern: validUntil))
+                writer.varint(4 << 3)
+                writer.varint(UInt64(bitPattern: validUntil))
             }
-            self.encodedEntitlements.withUnsafeBytes { bytes($0) }
-            return position
+            self.encodedEntitlements.withUnsafeBytes { writer.bytes($0) }
+            return writer.position
         }
     }
 
@@ -111,5 +88,44 @@ public struct CachedAnswer: Sendable, Hashable {
         var buffer = ByteBuffer()
         self.writeResponse(userId: userId, customerId: customerId, requestDate: requestDate, into: &buffer)
         return try CheckEntitlementsResponse(buffer: buffer)
+    }
+}
+
+/// Writes protobuf varints and bytes into memory reserved for them. Its position is a
+/// stored property changed by mutating methods, which the compiler checks for exclusive
+/// access at compile time; as a `var` captured by nested functions it was checked at run
+/// time, on every byte written (3% of the server's CPU at 50 connections x 16).
+private struct WireWriter {
+    let out: UnsafeMutableRawBufferPointer
+    var position = 0
+
+    init(out: UnsafeMutableRawBufferPointer) {
+        self.out = out
+    }
+
+    mutating func varint(_ value: UInt64) {
+        var value = value
+        while value >= 0x80 {
+            self.out[self.position] = UInt8(truncatingIfNeeded: value) | 0x80
+            self.position += 1
+            value >>= 7
+        }
+        self.out[self.position] = UInt8(value)
+        self.position += 1
+    }
+
+    mutating func bytes(_ source: UnsafeRawBufferPointer) {
+        guard let base = source.baseAddress, source.count > 0 else { return }
+        (self.out.baseAddress! + self.position).copyMemory(from: base, byteCount: source.count)
+        self.position += source.count
+    }
+
+    /// A length-delimited string field.
+    mutating func string(field: UInt64, _ string: inout String) {
+        string.withUTF8 { utf8 in
+            self.varint(field << 3 | 2)
+            self.varint(UInt64(utf8.count))
+            self.bytes(UnsafeRawBufferPointer(utf8))
+        }
     }
 }

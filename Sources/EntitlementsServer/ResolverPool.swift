@@ -28,7 +28,8 @@ enum CheckOutcome: Sendable {
     case deadlineExceeded
     /// The snapshot could not be read (corruption): INTERNAL, with the reason.
     case failed(String)
-    /// The server stopped without finishing its drain before the check ran: UNAVAILABLE.
+    /// Not run: the server stopped without finishing its drain, or the connection that
+    /// asked has closed (see ``ConnectionScope``). UNAVAILABLE, if anyone still reads it.
     case stopping
 }
 

@@ -105,7 +105,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        self.scope.close()  // checks still queued on other loops for this connection are skipped
         for call in self.pending.values {
             call.timer?.cancel()
             self.metrics.inFlight.decrement()
@@ -179,7 +178,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        self.scope.close()
+        self.scope.close()  // checks still queued on other loops for this connection are skipped
         // The peer closed: a frame it left unfinished is reported (logged), not answered.
         if !self.closing {
             do {

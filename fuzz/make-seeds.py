@@ -54,6 +54,14 @@ record1 = encode("LogRecord", 'sequence: 1 recorded_date: 5 grant_entitlement { 
 record2 = encode("LogRecord", 'sequence: 2 recorded_date: 6 delete_customer { user_id: "u" }')
 write("log", "two-batches", b"ENTWAL\x00\x00" + struct.pack("<II", 1, 0) + log_batch([record1]) + log_batch([record2]))
 
+# Format 2: the batch header carries a masked checksum of its first 8 bytes.
+def log_batch_v2(records):
+    payload = b"".join(struct.pack("<I", len(r)) + r for r in records)
+    head = struct.pack("<II", len(payload), crc32c(payload))
+    return head + struct.pack("<I", crc32c(head) ^ 0xA282EAD8) + payload
+write("log", "two-batches-v2", b"ENTWAL\x00\x00" + struct.pack("<II", 2, 0) + log_batch_v2([record1]) + log_batch_v2([record2, record1]))
+write("log", "torn-v2", b"ENTWAL\x00\x00" + struct.pack("<II", 2, 0) + log_batch_v2([record1]) + log_batch_v2([record2])[:-3])
+
 # A snapshot of three synthetic customers.
 if len(sys.argv) > 1:
     path = os.path.join(corpus, "snapshot", "three-customers")

@@ -27,6 +27,10 @@ public struct ServerConfiguration: Sendable {
     /// A frame must arrive in full this long after its first byte, or the connection is
     /// cut off (a slow sender holding a connection: slowloris). Default 10 s.
     public var frameTimeout: TimeAmount
+    /// How long a closing connection (drained, idle, or after a connection error) waits,
+    /// with its sending side shut down, for the client to close its side, reading and
+    /// dropping what arrives, before it is closed. Default 5 s.
+    public var closeLinger: TimeAmount
     /// The most WatchEntitlements streams open at once. Default 1,024.
     public var maximumWatchStreams: Int
     /// Events a watch holds while its socket is full before it is ended with
@@ -49,11 +53,13 @@ public struct ServerConfiguration: Sendable {
         maximumConnections: Int = 10_000,
         idleTimeout: TimeAmount = .minutes(5),
         frameTimeout: TimeAmount = .seconds(10),
+        closeLinger: TimeAmount = .seconds(5),
         version: String = "0.1.0"
     ) {
         self.maximumConnections = maximumConnections
         self.idleTimeout = idleTimeout
         self.frameTimeout = frameTimeout
+        self.closeLinger = closeLinger
         self.maximumWatchStreams = maximumWatchStreams
         self.watchBufferEvents = watchBufferEvents
         self.tcp = tcp

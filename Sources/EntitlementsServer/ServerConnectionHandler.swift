@@ -30,6 +30,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// Bytes read from the socket, and bytes of complete frames, for the slow-sender guard.
     private var received = 0
     private var consumed = 0
+    /// Where the frame being handled starts in the stream, for connection errors.
+    private var frameOffset = 0
     private var slowSenderTimer: Scheduled<Void>?
     private var consumedWhenArmed = 0
     /// When bytes last arrived, for the idle timeout (a partial frame counts; the
@@ -40,6 +42,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// per answer were 3 to 4% of the server's CPU at 50 x 16).
     private var checksAnsweredInRead = 0
     private var idleTimer: Scheduled<Void>?
+    /// Armed once the sending side is shut down (see `closeGracefully`).
+    private var lingerTimer: Scheduled<Void>?
 
     /// A call accepted and not yet answered.
     private struct Call {
@@ -99,8 +103,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             let seconds = Double(self.configuration.idleTimeout.nanoseconds) / 1e9
             self.draining = true
             self.write(header: .goAway, requestID: self.lastRequestID, payload: ByteBuffer(string: "idle for \(seconds) s; reconnect when needed"))
-            self.flushIfNeeded()
-            self.context.close(promise: nil)
+            self.closeGracefully(waitForReader: false)
         }
     }
 
@@ -118,6 +121,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.idleTimer = nil
         self.slowSenderTimer?.cancel()
         self.slowSenderTimer = nil
+        self.lingerTimer?.cancel()
+        self.lingerTimer = nil
         self.context = nil
     }
 
@@ -150,6 +155,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard !self.closing else {
             return
         }
+        self.frameOffset = self.consumed
         self.consumed += Frame.headerSize + frame.payload.readableBytes
         switch frame.type {
         case .request:
@@ -161,10 +167,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         case .pong:
             break
         case .error:
-            self.closing = true
-            self.context.close(promise: nil)
+            // The client gave up on the connection: nothing it sent after this is read, and
+            // what was sent to it goes out before the FIN.
+            self.closeGracefully(waitForReader: false)
         case .response, .streamMessage, .endOfStream, .goAway:
-            self.connectionError(.invalidArgument, "a client must not send \(frame.type) frames", requestID: frame.requestID)
+            self.connectionError(.invalidArgument, "a client must not send \(frame.type) frames (at stream offset \(self.frameOffset))", requestID: frame.requestID)
         }
     }
 
@@ -232,7 +239,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard frame.requestID > self.lastRequestID else {
             self.connectionError(
                 .invalidArgument,
-                "request id \(frame.requestID) is not greater than the previous one (\(self.lastRequestID)); ids must increase",
+                "request id \(frame.requestID) is not greater than the previous one (\(self.lastRequestID)); ids must increase (at stream offset \(self.frameOffset))",
                 requestID: frame.requestID
             )
             return
@@ -423,6 +430,13 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     private func healthCheck(_ frame: Frame) {
+        // Every request is decoded, even one with no fields: garbage is refused, not answered.
+        do {
+            _ = try HealthRequest(buffer: frame.payload)
+        } catch {
+            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            return
+        }
         let response = HealthResponse(
             status: self.draining || !self.health.isServing ? .notServing : .serving,
             snapshotId: self.services.store.snapshot.header.snapshotId,
@@ -522,6 +536,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     private func compact(_ frame: Frame) {
+        do {
+            _ = try CompactRequest(buffer: frame.payload)
+        } catch {
+            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            return
+        }
         let requestID = frame.requestID
         self.accept(requestID, deadline: nil)
         let handler = NIOLoopBound(self, eventLoop: self.context.eventLoop)
@@ -561,16 +581,17 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     private func watch(_ frame: Frame) {
-        let request: WatchEntitlementsRequest
+        var request: WatchEntitlementsRequest
         do {
             request = try WatchEntitlementsRequest(buffer: frame.payload)
         } catch {
             self.refuseWatch(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        let everyCustomer = request.allCustomers == true
-        guard everyCustomer != !request.userIds.isEmpty else {
-            self.refuseWatch(frame.requestID, .invalidArgument, "user_ids or all_customers: give one of them (user_ids has \(request.userIds.count) ids)")
+        if request.allCustomers {
+            request.userIds = []  // ignored when all_customers is set (service.proto)
+        } else if request.userIds.isEmpty {
+            self.refuseWatch(frame.requestID, .invalidArgument, "user_ids: give at least one, or set all_customers")
             return
         }
         guard request.userIds.count <= self.configuration.maximumBatchSize else {
@@ -625,6 +646,13 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return
         }
         self.watches[requestID] = watch
+        if frame.timeoutMicroseconds > 0 {
+            // A stream's timeout bounds the whole stream, as a unary call's bounds its answer.
+            let seconds = Double(frame.timeoutMicroseconds) / 1e6
+            self.context.eventLoop.assumeIsolated().scheduleTask(deadline: self.current.start + .microseconds(Int64(frame.timeoutMicroseconds))) { [weak watch] in
+                watch?.finish(.deadlineExceeded, "the watch's timeout of \(seconds) s elapsed; send a new WatchEntitlements to go on")
+            }
+        }
         do {
             try watch.start(now: WallClock.unixMilliseconds())
         } catch {
@@ -666,7 +694,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard let context = self.context else {
             return
         }
-        let shouldPause = self.pending.count >= self.configuration.maximumInFlightPerConnection || !context.channel.isWritable
+        // Once draining (GOAWAY sent) nothing new is accepted, so reading costs nothing and
+        // keeps the receive buffer empty: a close with unread input is answered with a
+        // reset, which would drop the answers still on their way to the client.
+        let shouldPause = !self.draining
+            && (self.pending.count >= self.configuration.maximumInFlightPerConnection || !context.channel.isWritable)
         if shouldPause, !self.readsPaused {
             self.readsPaused = true
             context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
@@ -804,9 +836,48 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private func afterCompletion() {
         self.updateReading()
         if self.draining, self.pending.isEmpty, !self.closing {
-            self.closing = true  // the rest of this read batch is not processed
-            self.flushIfNeeded()
-            self.context.close(promise: nil)
+            self.closeGracefully()  // the rest of this read batch is not processed
+        }
+    }
+
+    /// Ends the connection without losing a byte sent: the outgoing bytes are written, the
+    /// sending side is shut down once NIO has handed every pending write to the socket (a
+    /// FIN after the last answer), and the connection is read and discarded until the
+    /// client closes it, or for at most `closeLinger`. Closing at once instead, with
+    /// answers still queued or input unread, makes the kernel reset the connection and
+    /// drop what the client had not yet received (the GOAWAY and answers included).
+    ///
+    /// `waitForReader`: a drain waits for a slow reader to take every answer (serve's
+    /// --drain-timeout bounds it); an idle or broken connection gets `closeLinger` in all.
+    private func closeGracefully(waitForReader: Bool = true) {
+        guard let context = self.context, !self.closing else {
+            return
+        }
+        self.closing = true  // nothing more is read as frames
+        self.draining = true
+        self.needsFlush = false
+        self.flushOutgoing()
+        self.updateReading()
+        let linger = self.configuration.closeLinger
+        if !waitForReader {
+            self.lingerTimer = context.eventLoop.assumeIsolated().scheduleTask(in: linger) {
+                self.context?.close(promise: nil)
+            }
+        }
+        context.close(mode: .output).assumeIsolated().whenComplete { result in
+            guard let context = self.context else {
+                return
+            }
+            if case .failure = result {
+                context.close(promise: nil)
+                return
+            }
+            guard self.lingerTimer == nil else {
+                return  // already bounded
+            }
+            self.lingerTimer = context.eventLoop.assumeIsolated().scheduleTask(in: linger) {
+                self.context?.close(promise: nil)
+            }
         }
     }
 
@@ -822,10 +893,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         for watch in Array(self.watches.values) {
             watch.finish(.unavailable, "the server is shutting down; resubscribe")
         }
+        self.updateReading()  // paused reads resume: input after GOAWAY is read and dropped
         self.flushIfNeeded()
         if self.pending.isEmpty {
-            self.closing = true  // a frame left unread is ours to drop, not the client's error
-            self.context.close(promise: nil)
+            self.closeGracefully()  // a frame left unread is ours to drop, not the client's error
         }
     }
 
@@ -836,19 +907,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard !self.closing else {
             return
         }
-        self.closing = true
-        self.draining = true
         // One line per connection error; requests are never logged at the default level.
         self.services.logger.info(
             "connection error",
             metadata: ["peer": "\(context.remoteAddress.map { "\($0)" } ?? "unix")", "status": "\(status)", "error": "\(message)"]
         )
-        self.flushOutgoing()  // answers already written go first
-        var buffer = context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
-        buffer.writeFrame(.error(id: requestID, status: status, message: message))
-        context.writeAndFlush(self.wrapOutboundOut(buffer)).assumeIsolated().whenComplete { _ in
-            context.close(promise: nil)
-        }
+        // Answers already written go first; the ERROR is the last frame.
+        self.outgoing.writeFrame(.error(id: requestID, status: status, message: message))
+        self.closeGracefully(waitForReader: false)
     }
 
     // MARK: Slow senders

@@ -83,6 +83,32 @@ public struct CustomerMutation {
 
     // MARK: The mutations
 
+    /// An enum case as the schema spells it without its prefix: `subscriptionStarted` is
+    /// `SUBSCRIPTION_STARTED`.
+    private static func constant(_ value: some Any) -> String {
+        var words = ""
+        for character in "\(value)" {
+            if character.isUppercase {
+                words.append("_")
+            }
+            words.append(contentsOf: character.uppercased())
+        }
+        return words
+    }
+
+    /// Transactions and subscription states come from a store: APPSTORE, PLAYSTORE or
+    /// STRIPE (types.proto). Access given by hand is a grant.
+    private static func checkStore(_ store: Source, _ field: String) throws {
+        switch store {
+        case .appstore, .playstore, .stripe:
+            return
+        case .unknown:
+            throw WriteRefusal(.invalidArgument, "\(field): required (APPSTORE, PLAYSTORE or STRIPE)")
+        default:
+            throw WriteRefusal(.invalidArgument, "\(field): must be APPSTORE, PLAYSTORE or STRIPE, got \(Self.constant(store)); access given by hand is a GrantEntitlement")
+        }
+    }
+
     private func recordTransaction(_ request: RecordTransactionRequest) throws -> WriteEffect {
         let userId = try Self.id(request.userId, "user_id")
         guard var transaction = request.transaction else {
@@ -93,9 +119,7 @@ public struct CustomerMutation {
             transaction.originalTransactionId = transactionId  // the first of its chain
         }
         _ = try Self.id(transaction.originalTransactionId, "transaction.original_transaction_id")
-        guard transaction.store != .unknown else {
-            throw WriteRefusal(.invalidArgument, "transaction.store: required (APPSTORE, PLAYSTORE, STRIPE or MANUAL)")
-        }
+        try Self.checkStore(transaction.store, "transaction.store")
         let productId = try Self.id(transaction.productId, "transaction.product_id")
         guard self.catalog.contains(productId) else {
             throw WriteRefusal(
@@ -106,8 +130,24 @@ public struct CustomerMutation {
         guard let purchased = transaction.transactionDate else {
             throw WriteRefusal(.invalidArgument, "transaction.transaction_date: required")
         }
-        if let expiration = transaction.expirationDate, expiration < purchased {
-            throw WriteRefusal(.invalidArgument, "transaction.expiration_date: \(expiration) is before transaction_date \(purchased)")
+        // The schema's rules (types.proto, docs/data-formats.md), as the JSON input checks them.
+        guard transaction.type != .unspecified else {
+            throw WriteRefusal(
+                .invalidArgument,
+                "transaction.type: required (SUBSCRIPTION_STARTED, SUBSCRIPTION_RENEWED, TRIAL_STARTED, INTRO_STARTED, INTRO_RENEWED or NON_CONSUMABLE_PURCHASE)"
+            )
+        }
+        if transaction.type == .nonConsumablePurchase {
+            if let expiration = transaction.expirationDate {
+                throw WriteRefusal(.invalidArgument, "transaction.expiration_date: must be absent for a NON_CONSUMABLE_PURCHASE (it never expires), got \(expiration)")
+            }
+        } else {
+            guard let expiration = transaction.expirationDate else {
+                throw WriteRefusal(.invalidArgument, "transaction.expiration_date: required for a \(Self.constant(transaction.type)) transaction; only a NON_CONSUMABLE_PURCHASE has none")
+            }
+            guard expiration > purchased else {
+                throw WriteRefusal(.invalidArgument, "transaction.expiration_date: \(expiration) is not after transaction_date \(purchased)")
+            }
         }
         if transaction.environment == .unspecified {
             transaction.environment = .production
@@ -146,9 +186,7 @@ public struct CustomerMutation {
         guard let state = request.state else {
             throw WriteRefusal(.invalidArgument, "state: required")
         }
-        guard state.store != .unknown else {
-            throw WriteRefusal(.invalidArgument, "state.store: required (APPSTORE, PLAYSTORE, STRIPE or MANUAL)")
-        }
+        try Self.checkStore(state.store, "state.store")
         let chain = try Self.id(state.originalTransactionId, "state.original_transaction_id")
         var (record, created) = try self.recordOrNew(userId)
         let customerId = record.id!

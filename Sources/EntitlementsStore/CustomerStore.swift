@@ -50,6 +50,9 @@ public final class CustomerStore: Sendable {
         public var tornPath: String?
         public var tornOffset: UInt64?
         public var tornBytes: UInt64 = 0
+        /// Where the torn bytes were kept, and what is known of them.
+        public var tornSideFile: String?
+        public var torn: WriteAheadLog.TornTail?
         /// Stale temporary files removed (a crash during compaction).
         public var removedTemporaryFiles: [String] = []
     }
@@ -195,6 +198,8 @@ public final class CustomerStore: Sendable {
             report.tornPath = replay.tornPath
             report.tornOffset = replay.tornOffset
             report.tornBytes = replay.tornBytes
+            report.tornSideFile = replay.tornSideFile
+            report.torn = replay.torn
             ent_release_free_memory()  // replay's garbage: superseded copies of records
             return (store.taking(log: log, lockFD: lockFD), report)
         } catch {

@@ -15,13 +15,13 @@ import Darwin
 /// segments a snapshot covers (docs/durability.md).
 ///
 /// Segment layout (little-endian): a 16-byte header (`ENTWAL` and two NUL bytes, format
-/// version u32, reserved u32), then **batches**. A batch is one group commit: payload
-/// length (u32), CRC-32C of the payload (u32), and the payload, which is a sequence of
-/// records, each a length (u32) and a `LogRecord` message. A batch is written with one
-/// write and made durable with one fsync before any of its writes is acknowledged and
-/// before the next batch is written, so only the last batch of the last segment can be
-/// incomplete after a crash: replay drops a torn last batch (none of its writes was
-/// acknowledged) and refuses a damaged batch that has valid data after it.
+/// version u32, reserved u32), then **batches**. A batch is one group commit: a header
+/// (payload length, CRC-32C of the payload, and a checksum of those two; LogReplay.swift),
+/// and the payload, which is a sequence of records, each a length (u32) and a `LogRecord`
+/// message. A batch is written with one write and made durable with one fsync before any
+/// of its writes is acknowledged and before the next batch is written, so only the last
+/// batch of the last segment can be incomplete after a crash: replay sets aside a tail a
+/// crash can leave when nothing valid follows it, and refuses anything else.
 ///
 /// Appends from many callers are gathered by one writer thread into a batch while the
 /// previous fsync runs (group commit): under load, many writes share one fsync. The
@@ -48,6 +48,12 @@ public final class WriteAheadLog: Sendable {
         /// The segment and offset the torn batch started at, if there was one.
         public var tornOffset: UInt64?
         public var tornPath: String?
+        /// Where the torn bytes were kept (`<segment>.torn-<offset>`), and what is known
+        /// about them.
+        public var tornSideFile: String?
+        public var torn: TornTail?
+        /// The format version of the last segment read.
+        public var version: UInt32 = 0
         /// Complete batches read: each was one write and one fsync.
         public var batches: Int = 0
         /// The segments read, oldest first.
@@ -58,7 +64,9 @@ public final class WriteAheadLog: Sendable {
     public typealias Completion = @Sendable (Result<UInt64, any Error>) -> Void
 
     static let magic: [UInt8] = Array("ENTWAL".utf8) + [0, 0]
-    static let version: UInt32 = 1
+    /// The format written: 2 since batch headers carry their own checksum (LogReplay.swift);
+    /// segments of version 1 are still read.
+    static let version: UInt32 = 2
     static let headerSize = 16
     static let segmentPrefix = "log-"
     static let segmentSuffix = ".wal"
@@ -159,10 +167,23 @@ public final class WriteAheadLog: Sendable {
                     replay.tornOffset = part.tornOffset
                     replay.tornBytes = part.tornBytes
                     replay.tornPath = segment.path
+                    replay.tornSideFile = part.tornSideFile
+                    replay.torn = part.torn
                 }
-                if isLast {
+                replay.version = part.version
+                if isLast, part.version == Self.version {
+                    fd = segmentFD
+                } else if isLast, part.batches == 0 {
+                    // An empty segment of an older format: it becomes one of this format
+                    // (its header's version field, one sector, rewritten and fsynced).
+                    var version = Self.version.littleEndian
+                    guard pwrite(segmentFD, &version, 4, 8) == 4, fsync(segmentFD) == 0 else {
+                        Glibc.close(segmentFD)
+                        throw SnapshotError(code: .io, path: segment.path, reason: "cannot upgrade the empty log segment: \(String(cString: strerror(errno)))")
+                    }
                     fd = segmentFD
                 } else {
+                    // Appends never go to a segment of an older format: a new one is made below.
                     Glibc.close(segmentFD)
                 }
             }
@@ -398,16 +419,17 @@ public final class WriteAheadLog: Sendable {
         for entry in run {
             payloadLength += 4 + entry.bytes.count
         }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(payloadLength + 8)
-        bytes.appendLittleEndian(UInt32(payloadLength))
-        bytes.appendLittleEndian(UInt32(0))  // the checksum, below
+        let headerSize = Self.batchHeaderSize[Self.version]!
+        var bytes = [UInt8](repeating: 0, count: headerSize)  // the header, below
+        bytes.reserveCapacity(payloadLength + headerSize)
         for entry in run {
             bytes.appendLittleEndian(UInt32(entry.bytes.count))
             bytes.append(contentsOf: entry.bytes)
         }
-        let checksum = bytes.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[8...])) }
-        bytes.withUnsafeMutableBytes { $0.storeBytes(of: checksum.littleEndian, toByteOffset: 4, as: UInt32.self) }
+        bytes.withUnsafeMutableBytes { raw in
+            let header = Self.batchHeader(payload: UnsafeRawBufferPointer(rebasing: raw[headerSize...]))
+            raw.copyBytes(from: header)
+        }
         do {
             try Self.write(fd: fd, path: path, bytes, at: offset)
             guard fdatasync(fd) == 0 else {
@@ -525,126 +547,6 @@ public final class WriteAheadLog: Sendable {
                 done += result
             }
         }
-    }
-
-    // MARK: Replay
-
-    /// Reads every batch; cuts off a torn last batch; throws for damage before the tail.
-    static func replay(fd: Int32, path: String, after previousSequence: UInt64, mayTear: Bool, visit: ((LogRecord) throws -> Void)?) throws -> Replay {
-        let size = UInt64(lseek(fd, 0, SEEK_END))
-        var replay = Replay(records: [], tornBytes: 0, tornOffset: nil, batches: 0)
-        guard size > 0 else {
-            throw SnapshotError(code: .notASnapshot, path: path, offset: 0, reason: "an empty log segment (no header)")
-        }
-        func read(_ count: Int, at offset: UInt64) -> [UInt8]? {
-            var bytes = [UInt8](repeating: 0, count: count)
-            let got = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, count, off_t(offset)) }
-            return got == count ? bytes : nil
-        }
-        guard size >= UInt64(Self.headerSize), let header = read(Self.headerSize, at: 0), Array(header[0..<8]) == Self.magic else {
-            throw SnapshotError(code: .notASnapshot, path: path, offset: 0, reason: "not a write-ahead log (no ENTWAL magic)")
-        }
-        let version = header.withUnsafeBytes { $0.littleEndian(at: 8, as: UInt32.self) }
-        guard version == Self.version else {
-            throw SnapshotError(code: .unsupportedVersion, path: path, offset: 8, reason: "log format version \(version); this build reads version \(Self.version)")
-        }
-        var offset = UInt64(Self.headerSize)
-        var lastSequence = previousSequence
-        /// The end of the log is an incomplete batch: cut it off, if this segment may end so.
-        func tear(at offset: UInt64) throws -> Replay {
-            guard mayTear else {
-                throw SnapshotError(
-                    code: .corrupt,
-                    path: path,
-                    offset: offset,
-                    reason: "a damaged batch at the end of a segment that is not the last; acknowledged writes follow it in later segments, so start-up stops"
-                )
-            }
-            return try Self.tear(fd: fd, path: path, replay: &replay, at: offset, size: size)
-        }
-        while offset < size {
-            let batchStart = offset
-            // A batch cut short by a crash (one pwrite, so what is there is its start, with
-            // the right length) is torn; nothing follows it.
-            guard size - offset >= 8, let head = read(8, at: offset) else {
-                return try tear(at: batchStart)
-            }
-            let length = UInt64(head.withUnsafeBytes { $0.littleEndian(at: 0, as: UInt32.self) })
-            let stored = head.withUnsafeBytes { $0.littleEndian(at: 4, as: UInt32.self) }
-            guard length > 0 else {
-                // The writer never writes an empty batch. Zeros to the end are a file the
-                // system extended but never filled (a crash); anything else is damage.
-                let rest = read(Int(size - offset), at: offset) ?? [1]
-                if rest.allSatisfy({ $0 == 0 }) {
-                    return try tear(at: batchStart)
-                }
-                throw SnapshotError(code: .corrupt, path: path, offset: batchStart, reason: "an empty log batch with data after it")
-            }
-            guard length <= Self.maximumBatchBytes else {
-                throw SnapshotError(
-                    code: .corrupt,
-                    path: path,
-                    offset: batchStart,
-                    reason: "a log batch declares \(length) bytes; batches are at most \(Self.maximumBatchBytes)"
-                )
-            }
-            guard offset + 8 + length <= size, let payload = read(Int(length), at: offset + 8) else {
-                return try tear(at: batchStart)
-            }
-            let computed = payload.withUnsafeBytes { CRC32C.checksum($0) }
-            guard computed == stored else {
-                if offset + 8 + length == size {
-                    return try tear(at: batchStart)
-                }
-                throw SnapshotError(
-                    code: .corrupt,
-                    path: path,
-                    offset: batchStart,
-                    reason: "log batch checksum mismatch before the end of the log (stored 0x\(String(stored, radix: 16)), computed 0x\(String(computed, radix: 16))); acknowledged writes follow it, so start-up stops"
-                )
-            }
-            var position = 0
-            while position < payload.count {
-                guard position + 4 <= payload.count else {
-                    throw SnapshotError(code: .corrupt, path: path, offset: batchStart, reason: "log batch ends inside a record length")
-                }
-                let recordLength = Int(payload.withUnsafeBytes { $0.littleEndian(at: position, as: UInt32.self) })
-                position += 4
-                guard position + recordLength <= payload.count else {
-                    throw SnapshotError(code: .corrupt, path: path, offset: batchStart, reason: "log record runs past its batch")
-                }
-                let record: LogRecord
-                do {
-                    record = try payload[position..<(position + recordLength)].withUnsafeBytes { try LogRecord(serializedBytes: $0) }
-                } catch {
-                    throw SnapshotError(code: .corrupt, path: path, offset: batchStart, reason: "log record: \(error)")
-                }
-                guard record.sequence > lastSequence else {
-                    throw SnapshotError(code: .corrupt, path: path, offset: batchStart, reason: "log sequence \(record.sequence) does not follow \(lastSequence)")
-                }
-                lastSequence = record.sequence
-                if let visit {
-                    try visit(record)
-                } else {
-                    replay.records.append(record)
-                }
-                replay.recordCount += 1
-                replay.lastSequence = record.sequence
-                position += recordLength
-            }
-            offset += 8 + length
-            replay.batches += 1
-        }
-        return replay
-    }
-
-    private static func tear(fd: Int32, path: String, replay: inout Replay, at offset: UInt64, size: UInt64) throws -> Replay {
-        replay.tornOffset = offset
-        replay.tornBytes = size - offset
-        guard ftruncate(fd, off_t(offset)) == 0, fsync(fd) == 0 else {
-            throw SnapshotError(code: .io, path: path, offset: offset, reason: "cannot cut off the torn end of the log: \(String(cString: strerror(errno)))")
-        }
-        return replay
     }
 }
 

@@ -162,6 +162,11 @@ struct ServeCommand: AsyncParsableCommand {
             throw ExitCode(2)
         }
         let reader = store.snapshot
+        // SIGTERM and SIGINT are trapped before the listeners open, so that from the
+        // `listening on` line on a signal always drains (a signal before the ServiceGroup
+        // runs waits in the sequence's buffer). Until here, a signal ends the process as
+        // usual: nothing has been accepted yet.
+        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let server: EntitlementsServer
         do {
             server = try await EntitlementsServer.start(
@@ -192,26 +197,27 @@ struct ServeCommand: AsyncParsableCommand {
         readiness.set(.ready)
 
         // Lifecycle: the first SIGTERM/SIGINT drains, within --drain-timeout; a second one
-        // (SecondSignal) or the timeout cancels the drain.
+        // or the timeout cancels the drain (SignalHandler).
         let drainTimeout = try settings.duration("drain-timeout")
         let service = EntitlementsService(server: server) {
             readiness.set(.draining)
             Self.say("draining: GOAWAY sent, finishing accepted calls (at most \(Double(drainTimeout.nanoseconds) / 1e9) s)")
         }
+        let signalHandler = SignalHandler(signals: signals)
         var groupConfiguration = ServiceGroupConfiguration(
             services: [
-                .init(service: SecondSignal(), successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
+                .init(service: signalHandler, successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
                 .init(service: service),
             ],
-            gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger
         )
         groupConfiguration.maximumGracefulShutdownDuration = .nanoseconds(drainTimeout.nanoseconds)
         let group = ServiceGroup(configuration: groupConfiguration)
+        signalHandler.group.withLock { $0 = group }
         var cancelledBySignal = false
         do {
             try await group.run()
-        } catch is SecondSignal.Received {
+        } catch is SignalHandler.SecondSignal {
             cancelledBySignal = true
         } catch {
             logger.error("service group: \(error)")
@@ -245,7 +251,7 @@ struct ServeCommand: AsyncParsableCommand {
             Self.say("removed \(path), left by a compaction that did not finish")
         }
         if let torn = report.tornPath {
-            Self.say("log: dropped a torn last batch in \(torn) at offset \(report.tornOffset ?? 0) (\(report.tornBytes) bytes, never acknowledged)")
+            Self.say("log: set aside a torn last batch of \(torn) at offset \(report.tornOffset ?? 0) (\(report.tornBytes) bytes, \(report.torn?.description ?? "never acknowledged")), kept in \(report.tornSideFile ?? "-")")
         }
         Self.say("log replayed: \(report.replayedRecords) writes applied (\(report.skippedRecords) already in the snapshot) in \(started.duration(to: .now))")
         return store
@@ -298,29 +304,39 @@ final class RunningServer: Sendable {
     }
 }
 
-/// Counts SIGTERM/SIGINT beside the ServiceGroup (which starts the drain on the first):
-/// the second fails this service, which cancels the group, which cuts the drain short.
-struct SecondSignal: Service {
-    struct Received: Error {}
+/// SIGTERM and SIGINT, trapped from before the listeners open: the first starts the
+/// ServiceGroup's graceful shutdown (the drain), the second fails this service, which
+/// cancels the group, which cuts the drain short.
+final class SignalHandler: Service, Sendable {
+    struct SecondSignal: Error {}
+
+    private let signals: UnixSignalsSequence
+    /// The group to shut down; set once it exists (it is made with this service in it).
+    let group = Mutex<ServiceGroup?>(nil)
+
+    init(signals: UnixSignalsSequence) {
+        self.signals = signals
+    }
 
     func run() async throws {
-        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask {
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask {
                 var seen = 0
-                for await _ in signals {
+                for await _ in self.signals {
                     seen += 1
-                    if seen == 2 {
-                        throw Received()
+                    if seen == 1 {
+                        await self.group.withLock { $0 }?.triggerGracefulShutdown()
+                    } else {
+                        throw SecondSignal()
                     }
                 }
             }
-            group.addTask {
+            tasks.addTask {
                 // Asked to stop (after the server's drain, which is shut down first).
                 try await gracefulShutdown()
             }
-            try await group.next()
-            group.cancelAll()
+            try await tasks.next()
+            tasks.cancelAll()
         }
     }
 }

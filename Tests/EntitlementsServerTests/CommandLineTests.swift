@@ -96,6 +96,26 @@ struct CommandLineTests {
         #expect(down.text.hasPrefix("error: UNAVAILABLE: cannot connect to 127.0.0.1:\(port)"))
     }
 
+    @Test("SIGTERM the moment `listening on` is printed drains and exits 0 (12 trials)")
+    func signalRightAfterListening() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/data.snap"
+        _ = try SnapshotTools.generate(count: 50, seed: 8, now: now, outputPath: path)
+        for trial in 0..<12 {
+            let (process, pipe, seen, _) = try Self.start(["serve", "--snapshot", path, "--listen", "127.0.0.1:0", "--resolvers", "1"])
+            if trial % 2 == 1 {
+                usleep(UInt32(trial) * 250)  // 0 to 3 ms after the line
+            }
+            kill(process.processIdentifier, SIGTERM)
+            process.waitUntilExit()
+            let output = seen + String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            #expect(process.terminationReason == .exit && process.terminationStatus == 0, "trial \(trial): \(output)")
+            #expect(output.hasSuffix("stopped\n"), "trial \(trial): \(output)")
+        }
+    }
+
     @Test("serve refuses to start without a usable snapshot, saying why", arguments: ["missing", "corrupt"])
     func unusableSnapshot(kind: String) throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)").path

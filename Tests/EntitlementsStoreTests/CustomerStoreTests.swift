@@ -32,7 +32,8 @@ enum WriteWorld {
                 transactionDate: now - day,
                 expirationDate: product == "monthly" ? now + 29 * day : nil,
                 revocationDate: revoked,
-                environment: .production
+                environment: .production,
+                type: product == "monthly" ? .subscriptionStarted : .nonConsumablePurchase
             )
         ))
     }
@@ -108,8 +109,19 @@ struct CustomerMutationTests {
             "transaction.product_id: \"nope\" is not in the catalog"),
         (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", productId: "monthly", transactionDate: now))), "transaction.store: required"),
         (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly"))), "transaction.transaction_date: required"),
-        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, expirationDate: now - 1))),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, expirationDate: now - 1, type: .subscriptionStarted))),
             "transaction.expiration_date:"),
+        // The schema's rules: a store's transaction, a type, an expiration unless lifetime.
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .manual, productId: "monthly", transactionDate: now, expirationDate: now + day, type: .subscriptionStarted))),
+            "transaction.store: must be APPSTORE, PLAYSTORE or STRIPE, got MANUAL"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, expirationDate: now + day))),
+            "transaction.type: required"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, type: .subscriptionStarted))),
+            "transaction.expiration_date: required for a SUBSCRIPTION_STARTED transaction"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "lifetime", transactionDate: now, expirationDate: now + day, type: .nonConsumablePurchase))),
+            "transaction.expiration_date: must be absent for a NON_CONSUMABLE_PURCHASE"),
+        (.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "u", state: SubscriptionState(store: .manual, originalTransactionId: "t"))),
+            "state.store: must be APPSTORE, PLAYSTORE or STRIPE, got MANUAL"),
         (.grantEntitlement(GrantEntitlementRequest(userId: "u", grant: Grant(grantId: "g"))), "grant.entitlement_id: required"),
         (.grantEntitlement(GrantEntitlementRequest(userId: "u", grant: Grant(grantId: "g", entitlementId: "pro", grantedDate: now, expirationDate: now))), "grant.expiration_date:"),
         (.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "u", state: SubscriptionState(store: .appstore))), "state.original_transaction_id: required"),

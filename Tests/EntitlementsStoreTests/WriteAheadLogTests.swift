@@ -77,7 +77,11 @@ struct WriteAheadLogTests {
         #expect(replay.records.map(\.sequence) == [1, 2, 3])
         #expect(replay.tornOffset == UInt64(intact.count))
         #expect(replay.tornBytes == UInt64(cut))
+        #expect(replay.torn == .neverAcknowledged)
         #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == intact)
+        // The cut bytes are kept beside the segment, never deleted.
+        #expect(replay.tornSideFile == "\(path).torn-\(intact.count)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: "\(path).torn-\(intact.count)")) == torn.dropFirst(intact.count))
         #expect(try await reopened.append(Self.grant(9), recordedDate: now) == 4)
         reopened.close()
     }
@@ -93,14 +97,15 @@ struct WriteAheadLogTests {
         }
         log.closeAndWait()
         var bytes = try Data(contentsOf: URL(fileURLWithPath: path))
-        bytes[WriteAheadLog.headerSize + 10] ^= 0x01  // inside the first batch's payload
+        bytes[WriteAheadLog.headerSize + 12 + 10] ^= 0x01  // inside the first batch's payload
         try bytes.write(to: URL(fileURLWithPath: path))
         #expect {
             try WriteAheadLog.open(directory: directory)
         } throws: { error in
             let error = error as! SnapshotError
             return error.code == .corrupt && error.offset == UInt64(WriteAheadLog.headerSize)
-                && "\(error)".hasPrefix("\(path): offset 16: log batch checksum mismatch before the end of the log")
+                && "\(error)".hasPrefix("\(path): offset 16: log batch checksum mismatch")
+                && "\(error)".contains("a valid batch follows at offset")
         }
     }
 
@@ -179,7 +184,7 @@ struct WriteAheadLogTests {
         #expect(try Data(contentsOf: URL(fileURLWithPath: first)).count == bytes.count - 2)
     }
 
-    @Test("zeros after the last batch are a crash's leftovers; an empty batch with data after it is damage")
+    @Test("zeros after the last batch are a crash's leftovers; zeros with a batch after them are damage")
     func zeroTail() async throws {
         let scratch = try ScratchDirectory()
         let directory = scratch.file("log")
@@ -196,7 +201,7 @@ struct WriteAheadLogTests {
         #expect {
             try WriteAheadLog.open(directory: directory)
         } throws: { error in
-            "\(error)".contains("an empty log batch with data after it")
+            "\(error)".contains("header checksum mismatch") && "\(error)".contains("a valid batch follows at offset \(intact.count + 8)")
         }
     }
 

@@ -161,3 +161,13 @@ char *ent_arena_strndup(ent_arena *arena, const char *bytes, size_t length) {
     copy[length] = '\0';
     return copy;
 }
+
+static _Thread_local int tolerating_unknown_enums;
+
+int ent_tolerating_unknown_enums(void) {
+    return tolerating_unknown_enums;
+}
+
+void ent_set_tolerating_unknown_enums(int on) {
+    tolerating_unknown_enums = on;
+}

@@ -152,7 +152,7 @@ public final class EntitlementsClient: Sendable {
                     throw EntitlementsClientError(code: frame.status, message: frame.message)
                 }
                 do {
-                    return try Response(buffer: frame.payload)
+                    return try Response(buffer: frame.payload, toleratingUnknownEnumValues: true)
                 } catch {
                     throw EntitlementsClientError(code: .internalError, message: "the server's answer does not decode: \(error)")
                 }
@@ -197,7 +197,7 @@ public final class EntitlementsClient: Sendable {
                 payload: payload,
                 message: { buffer in
                     do {
-                        continuation.yield(try EntitlementsChangedEvent(buffer: buffer))
+                        continuation.yield(try EntitlementsChangedEvent(buffer: buffer, toleratingUnknownEnumValues: true))
                     } catch {
                         continuation.finish(throwing: EntitlementsClientError(code: .internalError, message: "an event does not decode: \(error)"))
                     }

@@ -36,6 +36,18 @@ extension ProtobufMessage {
         self = try buffer.withUnsafeReadableBytes { try Self(serializedBytes: $0) }
     }
 
+    /// Decodes an answer from a peer that may be newer than this build: an enum value this
+    /// build does not know is read as the enum's value 0 (unspecified) instead of failing
+    /// (docs/PROTOCOL.md section 9: clients tolerate new values in responses; a server
+    /// still refuses them in requests).
+    public init(buffer: ByteBuffer, toleratingUnknownEnumValues: Bool) throws {
+        guard toleratingUnknownEnumValues else {
+            try self.init(buffer: buffer)
+            return
+        }
+        self = try toleratingUnknownEnums { try Self(buffer: buffer) }
+    }
+
     /// The protobuf encoding of the message.
     public func serializedBytes() throws -> [UInt8] {
         var buffer = ByteBuffer()

@@ -298,7 +298,17 @@ func liftEnum<Value: RawRepresentable<Int32>>(
         return Value(rawValue: 0)!
     }
     guard let value = Value(rawValue: number) else {
+        if ent_tolerating_unknown_enums() != 0 {
+            return Value(rawValue: 0)!  // a newer peer's value: read as unspecified
+        }
         throw ProtobufError(code: .unknownEnumValue, fieldPath: "\(field)", reason: "unknown enum value \(number)")
     }
     return value
+}
+
+/// Runs `body` (one decode) with unknown enum values read as the value 0.
+func toleratingUnknownEnums<T>(_ body: () throws -> T) rethrows -> T {
+    ent_set_tolerating_unknown_enums(1)
+    defer { ent_set_tolerating_unknown_enums(0) }
+    return try body()
 }

@@ -113,13 +113,14 @@ final class ResolverCore {
             return .forward(shard: owner, customerId: canonical)
         }
         let record: CustomerRecord?
+        let sequence: UInt64
         do {
-            record = try self.store.customer(for: query.userId)
+            (record, sequence) = try self.store.customerRead(for: query.userId)
         } catch {
             return .failed("\(error)")
         }
         guard let record, let customerId = record.id else {
-            return self.unknownUser(query)
+            return self.unknownUser(query, sequence: sequence)
         }
         if customerId != query.userId {
             if self.aliases.count >= self.aliasLimit {
@@ -133,9 +134,9 @@ final class ResolverCore {
         }
         if customerId == query.userId {
             // The cache was asked above, under this very key.
-            return self.resolveAndCache(record, customerId: customerId, query)
+            return self.resolveAndCache(record, sequence: sequence, customerId: customerId, query)
         }
-        return self.answer(for: record, customerId: customerId, query)
+        return self.answer(for: record, sequence: sequence, customerId: customerId, query)
     }
 
     /// The answer for this resolver's customer `customerId`, asked for by an alias another
@@ -149,15 +150,16 @@ final class ResolverCore {
             return .answer(answer, customerId: customerId, fromCache: true)
         }
         let record: CustomerRecord?
+        let sequence: UInt64
         do {
-            record = try self.store.customer(for: customerId)
+            (record, sequence) = try self.store.customerRead(for: customerId)
         } catch {
             return .failed("\(error)")
         }
         guard let record else {
-            return self.unknownUser(query)
+            return self.unknownUser(query, sequence: sequence)
         }
-        return self.resolveAndCache(record, customerId: customerId, query)
+        return self.resolveAndCache(record, sequence: sequence, customerId: customerId, query)
     }
 
     /// Forgets what a write changed, before the write is acknowledged: the cached answers
@@ -172,21 +174,21 @@ final class ResolverCore {
     }
 
     /// The cached answer for the customer, or a freshly resolved one.
-    private func answer(for record: CustomerRecord, customerId: String, _ query: CheckQuery) -> CheckOutcome {
+    private func answer(for record: CustomerRecord, sequence: UInt64, customerId: String, _ query: CheckQuery) -> CheckOutcome {
         let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
         if let answer = self.cache.answer(for: key, at: query.instant) {
             return .answer(answer, customerId: customerId, fromCache: true)
         }
-        return self.resolveAndCache(record, customerId: customerId, query)
+        return self.resolveAndCache(record, sequence: sequence, customerId: customerId, query)
     }
 
     /// Resolves, encodes and caches an answer the cache does not have (each miss is asked
     /// of the cache once, so its statistics count it once).
-    private func resolveAndCache(_ record: CustomerRecord, customerId: String, _ query: CheckQuery) -> CheckOutcome {
+    private func resolveAndCache(_ record: CustomerRecord, sequence: UInt64, customerId: String, _ query: CheckQuery) -> CheckOutcome {
         let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
         let resolution = self.resolver.resolve(record, at: query.instant, environment: query.environment, entitlementIds: query.entitlementIds)
         do {
-            let answer = try CachedAnswer(resolution, resolvedAt: query.instant)
+            let answer = try CachedAnswer(resolution, resolvedAt: query.instant, logSequence: sequence)
             self.cache.insert(answer, for: key, at: query.instant)
             return .answer(answer, customerId: customerId, fromCache: false)
         } catch {
@@ -196,8 +198,8 @@ final class ResolverCore {
 
     /// Unknown users get an empty answer, valid forever (until a write creates them).
     /// Not cached: ids that do not exist are unbounded, and the index says "absent" fast.
-    private func unknownUser(_ query: CheckQuery) -> CheckOutcome {
-        .answer(CachedAnswer.empty(resolvedAt: query.instant), customerId: nil, fromCache: false)
+    private func unknownUser(_ query: CheckQuery, sequence: UInt64) -> CheckOutcome {
+        .answer(CachedAnswer.empty(resolvedAt: query.instant, logSequence: sequence), customerId: nil, fromCache: false)
     }
 }
 
@@ -240,7 +242,15 @@ public final class ResolverPool: Sendable {
         precondition(count > 0 && !eventLoops.isEmpty)
         let resolver = EntitlementResolver(catalog: store.catalog)
         var shards = (0..<count).map { _ in LRUCache(budgetBytes: cacheBytes / count) }
-        self.warmup = try CacheWarmer.warm(&shards, hotList: store.snapshot.hotList, lookup: store.customer(for:), resolver: resolver, at: instant)
+        // Before the server listens: no write can land while the caches warm.
+        self.warmup = try CacheWarmer.warm(
+            &shards,
+            hotList: store.snapshot.hotList,
+            lookup: store.customer(for:),
+            resolver: resolver,
+            at: instant,
+            logSequence: store.committedSequence
+        )
         self.resolvers = shards.enumerated().map { index, cache in
             ResolverActor(
                 shard: index,

@@ -794,6 +794,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// (at its end, or as soon as 16 KiB are waiting), or at once outside a read batch (a
     /// hop's answer, a watch event, a timer).
     private func sendOutgoing() {
+        if self.closing {
+            // The connection's last frame (the final answer, a GOAWAY or an ERROR) is out:
+            // nothing follows it, not even a late answer from another loop.
+            self.outgoing.clear()
+            return
+        }
         if self.inReadBatch {
             self.needsFlush = true
             if self.outgoing.readableBytes >= Self.outgoingFlushThreshold {

@@ -121,6 +121,8 @@ final class Watch: @unchecked Sendable {
 
     private let environment: Environment
     private let entitlementIds: [String]
+    /// WatchEntitlementsRequest.after_log_sequence: catch up from there at start.
+    private let afterLogSequence: UInt64?
     private let resolver: EntitlementResolver
     private let store: CustomerStore
     private let bufferLimit: Int
@@ -157,6 +159,7 @@ final class Watch: @unchecked Sendable {
         self.customerIds = customerIds
         self.environment = request.environment
         self.entitlementIds = request.entitlementIds
+        self.afterLogSequence = request.afterLogSequence.map { UInt64(max(0, $0)) }
         self.resolver = resolver
         self.store = store
         self.bufferLimit = bufferLimit
@@ -166,14 +169,50 @@ final class Watch: @unchecked Sendable {
 
     /// Resolves the watched customers now, so that later changes are told against it, and
     /// arms the timer for the first time change.
+    ///
+    /// With `after_log_sequence` S, each watched customer that may have changed after S
+    /// (`CustomerStore.lastChange(of:)`) gets a RESUMED event with its answer now: the
+    /// client's answer at S, plus these events, plus the later ones, miss no change. An
+    /// every-customer watch resumes from the overlay, which knows every customer written
+    /// since the snapshot; from before the snapshot it cannot, and says so.
     func start(now: Int64) throws {
+        var resumed: [String] = []
+        if self.everyCustomer, let after = self.afterLogSequence {
+            guard let changed = self.store.customersChanged(after: after) else {
+                self.finish(
+                    .failedPrecondition,
+                    "after_log_sequence \(after) is older than the snapshot, which folded the writes before it; check again and watch from the new answer's log_sequence"
+                )
+                return
+            }
+            resumed = changed
+        }
         for customerId in self.customerIds {
             let (record, sequence) = try self.store.customerAndSequence(for: customerId)
-            var known = self.resolve(record, at: now).known
+            // Read after the record: a write between the two then counts as a change (an
+            // event too many at worst); read before, it could be in the record unannounced.
+            let lastChange = self.store.lastChange(of: customerId)
+            var (known, response) = self.resolve(record, at: now)
             known.sequence = sequence
             self.known[customerId] = known
+            if let after = self.afterLogSequence, lastChange > after {
+                response.logSequence = sequence
+                self.emit(EntitlementsChangedEvent(customerId: customerId, cause: .resumed, current: response, logSequence: sequence), customerId: customerId)
+            }
         }
-        self.armTimer(now: now)
+        for customerId in resumed.sorted() where !self.finished {
+            let (record, sequence) = try self.store.customerAndSequence(for: customerId)
+            var (known, response) = self.resolve(record, at: now)
+            known.sequence = sequence
+            if self.known.count < Self.trackedLimit {
+                self.known[customerId] = known
+            }
+            response.logSequence = sequence
+            self.emit(EntitlementsChangedEvent(customerId: customerId, cause: .resumed, current: response, logSequence: sequence), customerId: customerId)
+        }
+        if !self.finished {
+            self.armTimer(now: now)
+        }
     }
 
     // MARK: Changes
@@ -237,7 +276,13 @@ final class Watch: @unchecked Sendable {
         for id in Set(old.states.keys).union(new.states.keys).sorted() where old.states[id] != new.states[id] {
             changes.append(EntitlementChange(entitlementId: id, before: old.states[id], after: new.states[id]))
         }
-        let event = EntitlementsChangedEvent(customerId: customerId, cause: cause, changes: changes, current: response, logSequence: sequence ?? 0)
+        var current = response
+        current.logSequence = new.sequence
+        self.emit(EntitlementsChangedEvent(customerId: customerId, cause: cause, changes: changes, current: current, logSequence: sequence ?? 0), customerId: customerId)
+    }
+
+    /// Encodes `event` as a STREAM_MESSAGE and delivers it.
+    private func emit(_ event: EntitlementsChangedEvent, customerId: String) {
         var buffer = ByteBuffer()
         buffer.writeRepeatingByte(0, count: Frame.headerSize)  // room for the header, below
         buffer.moveReaderIndex(forwardBy: Frame.headerSize)

@@ -37,7 +37,8 @@ public enum CacheWarmer {
         hotList: [String],
         lookup: (String) throws -> CustomerRecord?,
         resolver: EntitlementResolver,
-        at instant: Int64
+        at instant: Int64,
+        logSequence: UInt64 = 0
     ) throws -> Report {
         var report = Report()
         var full = [Bool](repeating: false, count: shards.count)
@@ -56,7 +57,7 @@ public enum CacheWarmer {
                 report.customersMissing += 1
                 continue
             }
-            let answer = try CachedAnswer(resolver.resolve(record, at: instant), resolvedAt: instant)
+            let answer = try CachedAnswer(resolver.resolve(record, at: instant), resolvedAt: instant, logSequence: logSequence)
             let key = CacheKey(customerId: customerId)
             if shards[shard].insertIfRoom(answer, for: key, at: instant) {
                 report.customersCached += 1

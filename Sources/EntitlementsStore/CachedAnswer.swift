@@ -40,17 +40,22 @@ public struct CachedAnswer: Sendable, Hashable {
     public let resolvedAt: Int64
     /// The instant from which the answer may be wrong; nil if never.
     public let validUntil: Int64?
+    /// The log sequence the customer's record was read at: every write up to it is in this
+    /// answer. A cached answer keeps the sequence it was read at; a later write to the
+    /// customer removes it from the cache before that write is acknowledged.
+    public let logSequence: UInt64
 
-    /// Encodes `resolution`, resolved at `resolvedAt`.
-    public init(_ resolution: Resolution, resolvedAt: Int64) throws {
+    /// Encodes `resolution`, resolved at `resolvedAt` from a record read at `logSequence`.
+    public init(_ resolution: Resolution, resolvedAt: Int64, logSequence: UInt64 = 0) throws {
         self.encodedEntitlements = try CheckEntitlementsResponse(entitlements: resolution.entitlements).serializedBytes()
         self.resolvedAt = resolvedAt
         self.validUntil = resolution.validUntil
+        self.logSequence = logSequence
     }
 
     /// The answer with no entitlements (an unknown user), valid from `resolvedAt` on.
-    public static func empty(resolvedAt: Int64) -> CachedAnswer {
-        CachedAnswer(encodedEntitlements: [], resolvedAt: resolvedAt, validUntil: nil)
+    public static func empty(resolvedAt: Int64, logSequence: UInt64 = 0) -> CachedAnswer {
+        CachedAnswer(encodedEntitlements: [], resolvedAt: resolvedAt, validUntil: nil, logSequence: logSequence)
     }
 
     /// Whether the answer is exact at `instant`.
@@ -64,8 +69,8 @@ public struct CachedAnswer: Sendable, Hashable {
         var userId = userId
         let hasCustomer = customerId != nil
         var customerId = customerId ?? ""
-        // Two strings (tag, up to 5 length bytes) and two int64 fields (tag, up to 10 bytes).
-        let most = 12 + userId.utf8.count + customerId.utf8.count + 22 + self.encodedEntitlements.count
+        // Two strings (tag, up to 5 length bytes) and three 64-bit fields (tag, up to 10 bytes).
+        let most = 12 + userId.utf8.count + customerId.utf8.count + 33 + self.encodedEntitlements.count
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: most) { out in
             var writer = WireWriter(out: out)
             writer.string(field: 1, &userId)
@@ -79,6 +84,10 @@ public struct CachedAnswer: Sendable, Hashable {
                 writer.varint(UInt64(bitPattern: validUntil))
             }
             self.encodedEntitlements.withUnsafeBytes { writer.bytes($0) }
+            if self.logSequence != 0 {
+                writer.varint(6 << 3)
+                writer.varint(self.logSequence)
+            }
             return writer.position
         }
     }

@@ -264,35 +264,65 @@ public final class CustomerStore: Sendable {
     /// The snapshot is read outside the lock; if a compaction swapped the snapshot
     /// meanwhile, the lookup starts again.
     public func customer(for userId: String) throws -> CustomerRecord? {
+        try self.customerRead(for: userId).record
+    }
+
+    /// The current record of the customer `userId` names, and the log sequence it was read
+    /// at: every write up to that sequence is in it, and none after. Both come from one
+    /// moment under the lock (the snapshot itself is read outside it).
+    public func customerRead(for userId: String) throws -> (record: CustomerRecord?, sequence: UInt64) {
         while true {
-            let (found, snapshot) = self.state.withLock { state in
-                (state.committed.find(userId), state.snapshot)
+            let (found, snapshot, sequence) = self.state.withLock { state in
+                (state.committed.find(userId), state.snapshot, state.committedSequence)
             }
             let record: CustomerRecord?
             switch found {
             case .record(let record):
-                return record
+                return (record, sequence)
             case .snapshotId(let id):
                 record = try snapshot.customer(for: id).flatMap { $0.id == id ? $0 : nil }
             case .notWritten:
                 record = try snapshot.customer(for: userId)
             }
             guard let record, let id = record.id else {
-                return nil
+                // Unknown at the first look: the snapshot never changes, so `sequence` is
+                // the moment this answer holds for.
+                return (nil, sequence)
             }
             // The snapshot's record, unless a write replaced it since.
-            let current: CustomerRecord?? = self.state.withLock { state in
+            let current: (CustomerRecord?, UInt64)? = self.state.withLock { state in
                 guard state.snapshot === snapshot else {
-                    return .none  // compacted meanwhile: look again
+                    return nil  // compacted meanwhile: look again
                 }
                 if let entry = state.committed.customers[id] {
-                    return .some(entry.record)
+                    return (entry.record, state.committedSequence)
                 }
-                return .some(record)
+                return (record, state.committedSequence)
             }
             if let current {
                 return current
             }
+        }
+    }
+
+    /// The customers written after `sequence`, if the overlay still knows them all (nil
+    /// when `sequence` is older than the snapshot's last sequence: compaction folded the
+    /// writes in between, and the snapshot does not say whom they touched).
+    public func customersChanged(after sequence: UInt64) -> [String]? {
+        self.state.withLock { state in
+            guard sequence >= (state.snapshot.header.lastLogSequence ?? 0) else {
+                return nil
+            }
+            return state.committed.customers.compactMap { $0.value.sequence > sequence ? $0.key : nil }
+        }
+    }
+
+    /// The sequence of the last write that may have changed customer `customerId`: its
+    /// last logged write since the snapshot, else the snapshot's last sequence (the
+    /// snapshot does not say which customer each folded write touched).
+    public func lastChange(of customerId: String) -> UInt64 {
+        self.state.withLock { state in
+            state.committed.customers[customerId]?.sequence ?? (state.snapshot.header.lastLogSequence ?? 0)
         }
     }
 

@@ -297,9 +297,10 @@ public struct LRUCache: Sendable {
 }
 
 extension CachedAnswer {
-    init(encodedEntitlements: [UInt8], resolvedAt: Int64, validUntil: Int64?) {
+    init(encodedEntitlements: [UInt8], resolvedAt: Int64, validUntil: Int64?, logSequence: UInt64 = 0) {
         self.encodedEntitlements = encodedEntitlements
         self.resolvedAt = resolvedAt
         self.validUntil = validUntil
+        self.logSequence = logSequence
     }
 }

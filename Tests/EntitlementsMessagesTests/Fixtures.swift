@@ -74,7 +74,8 @@ enum Fixtures {
         customerId: "user-1",
         requestDate: 1_767_225_600_000,
         validUntil: 1_769_904_000_000,
-        entitlements: [entitlement, Entitlement(id: "pro", isActive: false)]
+        entitlements: [entitlement, Entitlement(id: "pro", isActive: false)],
+        logSequence: 42
     )
 
     static let entitlementChange = EntitlementChange(
@@ -118,7 +119,8 @@ enum Fixtures {
             userIds: ["user-1"],
             allCustomers: true,
             entitlementIds: ["premium"],
-            environment: .sandbox
+            environment: .sandbox,
+            afterLogSequence: 7
         ),
         EntitlementState(isActive: true, renewState: .nonRenewable),
         entitlementChange,

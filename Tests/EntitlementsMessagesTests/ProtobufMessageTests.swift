@@ -20,9 +20,37 @@ struct ProtobufRoundTripTests {
         try Self.expectRoundTrip(message, isEmpty: !hasFields)
     }
 
-    @Test("every message round-trips with no field set", arguments: allProtobufMessageTypes.indices)
+    @Test("every message round-trips with no field set, and then sends only its bool fields, as false", arguments: allProtobufMessageTypes.indices)
     func roundTripNoFieldSet(index: Int) throws {
-        try Self.expectRoundTrip(allProtobufMessageTypes[index].init(), isEmpty: true)
+        try Self.expectEmptyRoundTrip(allProtobufMessageTypes[index].init())
+    }
+
+    private static func expectEmptyRoundTrip<Message: ProtobufMessage>(_ message: Message) throws {
+        let bytes = try message.serializedBytes()
+        // Bools are always sent (docs/PROTOCOL.md section 9): each is a tag and a 0 byte.
+        // Nothing else is, so every other field of an empty message is absent.
+        var rest = bytes[...]
+        func varint() -> UInt64? {
+            var value: UInt64 = 0
+            var shift: UInt64 = 0
+            while let byte = rest.popFirst() {
+                value |= UInt64(byte & 0x7F) << shift
+                if byte < 0x80 {
+                    return value
+                }
+                shift += 7
+            }
+            return nil
+        }
+        var onlyFalseBools = true
+        while !rest.isEmpty {
+            guard let key = varint(), key & 7 == 0, varint() == 0 else {
+                onlyFalseBools = false
+                break
+            }
+        }
+        #expect(onlyFalseBools, "\(Message.protoMessageName): \(bytes)")
+        #expect(try Message(serializedBytes: bytes) == message)
     }
 
     @Test("every case of LogRecord.mutation round-trips", arguments: Fixtures.logRecordsForEveryMutation)
@@ -82,6 +110,16 @@ struct ProtobufRoundTripTests {
         #expect(bytes == [0x0A, 0x00])
         #expect(try CheckEntitlementsRequest(serializedBytes: bytes).userId == "")
         #expect(try CheckEntitlementsRequest(serializedBytes: []).userId == nil)
+    }
+
+    @Test("an unknown enum value fails a decode, unless the decode tolerates it (a client reading a newer server)")
+    func unknownEnumValues() throws {
+        let bytes: [UInt8] = [0x0A, 0x01, 0x75, 0x10, 0x63]  // customer_id "u", cause 99
+        #expect(throws: ProtobufError.self) { try EntitlementsChangedEvent(serializedBytes: bytes) }
+        let tolerant = try EntitlementsChangedEvent(buffer: ByteBuffer(bytes: bytes), toleratingUnknownEnumValues: true)
+        #expect(tolerant.customerId == "u" && tolerant.cause == .unspecified)
+        // The tolerance was for that decode only.
+        #expect(throws: ProtobufError.self) { try EntitlementsChangedEvent(serializedBytes: bytes) }
     }
 
     @Test("a zero timestamp and an absent timestamp stay different")

@@ -103,3 +103,122 @@ struct ProtocolPromisesTests {
         try await fixture.stop()
     }
 }
+
+/// Presence (PROTOCOL.md section 9) and the log sequence that lines a check up with a watch.
+@Suite("presence and log sequences")
+struct LogSequenceTests {
+    /// The fields present in a protobuf message's top level, by number, with their varint
+    /// values (0 for other wire types).
+    static func fields(_ payload: ByteBuffer) -> [UInt64: UInt64] {
+        var bytes = Array(payload.readableBytesView)[...]
+        func varint() -> UInt64 {
+            var value: UInt64 = 0
+            var shift: UInt64 = 0
+            while let byte = bytes.popFirst() {
+                value |= UInt64(byte & 0x7F) << shift
+                if byte < 0x80 { break }
+                shift += 7
+            }
+            return value
+        }
+        var fields: [UInt64: UInt64] = [:]
+        while !bytes.isEmpty {
+            let key = varint()
+            switch key & 7 {
+            case 0: fields[key >> 3] = varint()
+            case 2: let length = Int(varint()); bytes = bytes.dropFirst(length); fields[key >> 3] = 0
+            default: return fields
+            }
+        }
+        return fields
+    }
+
+    static func grant(_ user: String, _ id: String) -> GrantEntitlementRequest {
+        GrantEntitlementRequest(userId: user, grant: Grant(grantId: id, entitlementId: "beta", grantedDate: now, expirationDate: now + 86_400_000 * 400))
+    }
+
+    @Test("a retried write answers changed: false on the wire (bools are always sent); an inactive entitlement sends is_active: false")
+    func falseIsSent() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let connection = try RawConnection(port: fixture.port)
+        connection.send([
+            RawConnection.request(1, Self.grant("user-1", "g"), method: .grantEntitlement),
+            RawConnection.request(2, Self.grant("user-1", "g"), method: .grantEntitlement),
+        ])
+        var answers: [UInt64: Frame] = [:]
+        while answers.count < 2, let frame = try await offThePool({ try connection.receive() }) {
+            answers[frame.requestID] = frame
+        }
+        let first = Self.fields(try #require(answers[1]).payload)
+        let retry = Self.fields(try #require(answers[2]).payload)
+        #expect(first[2] == 1 && first[3] == 1 && first[4] == 0, "\(first)")  // log_sequence 1, changed, created: false
+        #expect(retry[2] == nil && retry[3] == 0 && retry[4] == 0, "\(retry)")  // not logged: no sequence; changed: false, sent
+        // An entitlement that ended: is_active (field 2 of Entitlement) is there, false.
+        let ended = Entitlement(id: "beta", isActive: false)
+        #expect(Self.fields(ByteBuffer(bytes: try ended.serializedBytes()))[2] == 0)
+        try await fixture.stop()
+    }
+
+    @Test("a check carries the log sequence it reflects, from the cache too; a watch after it resumes with what changed since, and nothing else")
+    func checkThenWatch() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-5", "a"))
+        let answer = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-5"))
+        #expect(answer.logSequence == 1)
+        let cached = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-5"))
+        #expect(cached.logSequence == 1 && cached.entitlements == answer.entitlements)
+        // Changes after the check: user-5 again (2), and user-6 (3), whom nobody checked.
+        let _: WriteResponse = try await client.call(.revokeGrant, RevokeGrantRequest(userId: "user-5", grantId: "a", revokedDate: now))
+        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-6", "b"))
+        let connection = try RawConnection(port: fixture.port)
+        connection.send([
+            RawConnection.request(1, WatchEntitlementsRequest(userIds: ["user-5", "user-7"], afterLogSequence: Int64(answer.logSequence)), method: .watchEntitlements),
+        ])
+        let resumed = try EntitlementsChangedEvent(buffer: try #require(try await offThePool { try connection.receive() }).payload)
+        #expect(resumed.cause == .resumed && resumed.customerId == "user-5" && resumed.logSequence == 3)
+        #expect(resumed.current?.entitlements.first { $0.id == "beta" }?.isActive == false)
+        #expect(resumed.current?.logSequence == 3)
+        // user-7 did not change after the check: its first event is its next write's.
+        let write: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-7", "c"))
+        let next = try EntitlementsChangedEvent(buffer: try #require(try await offThePool { try connection.receive() }).payload)
+        #expect(next.cause == .write && next.customerId == "user-7" && next.logSequence == write.logSequence)
+
+        // Watching from a fresh answer's sequence: no catch-up event at all.
+        let fresh = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-5"))
+        #expect(fresh.logSequence == 4)
+        connection.send([RawConnection.request(2, WatchEntitlementsRequest(userIds: ["user-5"], afterLogSequence: Int64(fresh.logSequence)), method: .watchEntitlements)])
+        let grant: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-5", "d"))
+        let after = try EntitlementsChangedEvent(buffer: try #require(try await offThePool { try connection.receive() }).payload)
+        #expect(after.cause == .write && after.customerId == "user-5" && after.logSequence == grant.logSequence)
+        await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("an every-customer watch resumes from the overlay, and refuses a sequence compaction folded away")
+    func everyCustomerResume() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let first: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-1", "a"))
+        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-2", "b"))
+        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-3", "c"))
+        var events: [String] = []
+        for try await event in try await client.watch(WatchEntitlementsRequest(allCustomers: true, afterLogSequence: Int64(first.logSequence))) {
+            #expect(event.cause == .resumed)
+            events.append(event.customerId ?? "")
+            if events.count == 2 {
+                break
+            }
+        }
+        #expect(events == ["user-2", "user-3"])
+        _ = try await fixture.server.compact()
+        await #expect {
+            for try await _ in try await client.watch(WatchEntitlementsRequest(allCustomers: true, afterLogSequence: 1)) {}
+        } throws: { error in
+            let error = error as! EntitlementsClientError
+            return error.code == .failedPrecondition && error.message.hasPrefix("after_log_sequence 1 is older than the snapshot")
+        }
+        await client.close()
+        try await fixture.stop()
+    }
+}

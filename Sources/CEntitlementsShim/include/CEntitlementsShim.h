@@ -72,4 +72,11 @@ static inline void ent_release_free_memory(void) {
 static inline void ent_release_free_memory(void) {}
 #endif
 
+/* Whether enum values this build does not know decode as the value numbered 0 on this
+ * thread (a client reading a newer server's answers) instead of failing the decode (a
+ * server reading requests). Set around one decode; thread-local, so decodes on other
+ * threads are unaffected. */
+int ent_tolerating_unknown_enums(void);
+void ent_set_tolerating_unknown_enums(int on);
+
 #endif

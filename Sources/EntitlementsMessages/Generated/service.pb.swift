@@ -12,6 +12,10 @@ public enum ChangeCause: Int32, Sendable, Hashable, CaseIterable {
     case write = 1
     /// Time passed a validUntil instant: an expiration, a grace end, a grant end.
     case time = 2
+    /// The first event of a watch with after_log_sequence, for a customer that may
+    /// have changed after that sequence: `current` is its answer now, `changes` is
+    /// empty (the server does not know what the client saw).
+    case resumed = 3
 }
 
 /// The `entitlements.v1.ServingStatus` enum.
@@ -113,6 +117,10 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
     public var validUntil: Int64? = nil
     /// Sorted by id. An unknown user, or one without purchases or grants, has none.
     public var entitlements: [Entitlement] = []
+    /// The write-ahead log sequence this answer reflects: every write up to it is in
+    /// it. Give it to WatchEntitlementsRequest.after_log_sequence to watch from this
+    /// answer on with no change missed. Absent (0) before the first write.
+    public var logSequence: UInt64 = 0
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -123,13 +131,15 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
         customerId: String? = nil,
         requestDate: Int64? = nil,
         validUntil: Int64? = nil,
-        entitlements: [Entitlement] = []
+        entitlements: [Entitlement] = [],
+        logSequence: UInt64 = 0
     ) {
         self.userId = userId
         self.customerId = customerId
         self.requestDate = requestDate
         self.validUntil = validUntil
         self.entitlements = entitlements
+        self.logSequence = logSequence
     }
 }
 
@@ -170,6 +180,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         self.requestDate = c.has_request_date != 0 ? c.request_date : nil
         self.validUntil = c.has_valid_until != 0 ? c.valid_until : nil
         self.entitlements = try liftMessages(c.n_entitlements, c.entitlements, as: Entitlement.self, field: "entitlements")
+        self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -180,6 +191,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         if let value = self.requestDate { c.pointee.has_request_date = 1; c.pointee.request_date = value }
         if let value = self.validUntil { c.pointee.has_valid_until = 1; c.pointee.valid_until = value }
         (c.pointee.n_entitlements, c.pointee.entitlements) = try arena.lowerMessages(self.entitlements, field: "entitlements")
+        if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
         return c
     }
 }
@@ -330,6 +342,11 @@ public struct WatchEntitlementsRequest: Sendable, Hashable {
     public var entitlementIds: [String] = []
     /// The `environment` field.
     public var environment: Environment = .unspecified
+    /// Watch from this log sequence on (a CheckEntitlementsResponse.log_sequence): each
+    /// watched customer whose answer may have changed after it gets a first event,
+    /// cause RESUMED, with its current answer. Absent: only changes after the watch
+    /// starts. (int64, not uint64: its absence must be visible, as 0 is a sequence.)
+    public var afterLogSequence: Int64? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -339,12 +356,14 @@ public struct WatchEntitlementsRequest: Sendable, Hashable {
         userIds: [String] = [],
         allCustomers: Bool = false,
         entitlementIds: [String] = [],
-        environment: Environment = .unspecified
+        environment: Environment = .unspecified,
+        afterLogSequence: Int64? = nil
     ) {
         self.userIds = userIds
         self.allCustomers = allCustomers
         self.entitlementIds = entitlementIds
         self.environment = environment
+        self.afterLogSequence = afterLogSequence
     }
 }
 
@@ -384,15 +403,17 @@ extension WatchEntitlementsRequest: ProtobufCBacked {
         self.allCustomers = c.has_all_customers != 0 && c.all_customers != 0
         self.entitlementIds = try liftStrings(c.n_entitlement_ids, c.entitlement_ids, field: "entitlement_ids")
         self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
+        self.afterLogSequence = c.has_after_log_sequence != 0 ? c.after_log_sequence : nil
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
         let c = try arena.allocate(CMessage.self)
         entitlements__v1__watch_entitlements_request__init(c)
         (c.pointee.n_user_ids, c.pointee.user_ids) = try arena.lowerStrings(self.userIds, field: "user_ids")
-        if self.allCustomers { c.pointee.has_all_customers = 1; c.pointee.all_customers = 1 }
+        c.pointee.has_all_customers = 1; c.pointee.all_customers = self.allCustomers ? 1 : 0
         (c.pointee.n_entitlement_ids, c.pointee.entitlement_ids) = try arena.lowerStrings(self.entitlementIds, field: "entitlement_ids")
         if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
+        if let value = self.afterLogSequence { c.pointee.has_after_log_sequence = 1; c.pointee.after_log_sequence = value }
         return c
     }
 }
@@ -456,7 +477,7 @@ extension EntitlementState: ProtobufCBacked {
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
         let c = try arena.allocate(CMessage.self)
         entitlements__v1__entitlement_state__init(c)
-        if self.isActive { c.pointee.has_is_active = 1; c.pointee.is_active = 1 }
+        c.pointee.has_is_active = 1; c.pointee.is_active = self.isActive ? 1 : 0
         if self.renewState != .unknown { c.pointee.has_renew_state = 1; c.pointee.renew_state = .init(rawValue: .init(truncatingIfNeeded: self.renewState.rawValue)) }
         return c
     }
@@ -543,7 +564,8 @@ public struct EntitlementsChangedEvent: Sendable, Hashable {
     public var changes: [EntitlementChange] = []
     /// The customer's complete answer after the change.
     public var current: CheckEntitlementsResponse? = nil
-    /// The write-ahead log sequence of the write that caused it; 0 for time.
+    /// The write-ahead log sequence of the write that caused it (RESUMED: the
+    /// sequence `current` reflects); absent (0) for time.
     public var logSequence: UInt64 = 0
 
     /// Creates a message with every field absent (nil, empty, false, 0).
@@ -949,7 +971,7 @@ extension LinkAliasRequest: ProtobufCBacked {
         entitlements__v1__link_alias_request__init(c)
         c.pointee.user_id = try arena.lowerString(self.userId, field: "user_id")
         c.pointee.alias = try arena.lowerString(self.alias, field: "alias")
-        if self.transfer { c.pointee.has_transfer = 1; c.pointee.transfer = 1 }
+        c.pointee.has_transfer = 1; c.pointee.transfer = self.transfer ? 1 : 0
         return c
     }
 }
@@ -1018,10 +1040,12 @@ public struct WriteResponse: Sendable, Hashable {
     /// The canonical id of the customer written to.
     public var customerId: String? = nil
     /// The write-ahead log sequence number of the write; the write is durable.
+    /// Absent (0) when the write changed nothing (it was not logged).
     public var logSequence: UInt64 = 0
     /// False when the write repeated what was already stored (an idempotent replay).
+    /// Always sent.
     public var changed: Bool = false
-    /// True when this write created the customer.
+    /// True when this write created the customer. Always sent.
     public var created: Bool = false
 
     /// Creates a message with every field absent (nil, empty, false, 0).
@@ -1084,8 +1108,8 @@ extension WriteResponse: ProtobufCBacked {
         entitlements__v1__write_response__init(c)
         c.pointee.customer_id = try arena.lowerString(self.customerId, field: "customer_id")
         if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
-        if self.changed { c.pointee.has_changed = 1; c.pointee.changed = 1 }
-        if self.created { c.pointee.has_created = 1; c.pointee.created = 1 }
+        c.pointee.has_changed = 1; c.pointee.changed = self.changed ? 1 : 0
+        c.pointee.has_created = 1; c.pointee.created = self.created ? 1 : 0
         return c
     }
 }

@@ -304,11 +304,11 @@ extension SubscriptionState: ProtobufCBacked {
         entitlements__v1__subscription_state__init(c)
         if self.store != .unknown { c.pointee.has_store = 1; c.pointee.store = .init(rawValue: .init(truncatingIfNeeded: self.store.rawValue)) }
         c.pointee.original_transaction_id = try arena.lowerString(self.originalTransactionId, field: "original_transaction_id")
-        if self.autoRenewEnabled { c.pointee.has_auto_renew_enabled = 1; c.pointee.auto_renew_enabled = 1 }
+        c.pointee.has_auto_renew_enabled = 1; c.pointee.auto_renew_enabled = self.autoRenewEnabled ? 1 : 0
         if let value = self.autoRenewDisabledDate { c.pointee.has_auto_renew_disabled_date = 1; c.pointee.auto_renew_disabled_date = value }
         if let value = self.billingIssueDetectedDate { c.pointee.has_billing_issue_detected_date = 1; c.pointee.billing_issue_detected_date = value }
         if let value = self.gracePeriodExpirationDate { c.pointee.has_grace_period_expiration_date = 1; c.pointee.grace_period_expiration_date = value }
-        if self.isInBillingRetry { c.pointee.has_is_in_billing_retry = 1; c.pointee.is_in_billing_retry = 1 }
+        c.pointee.has_is_in_billing_retry = 1; c.pointee.is_in_billing_retry = self.isInBillingRetry ? 1 : 0
         return c
     }
 }
@@ -567,7 +567,7 @@ extension Entitlement: ProtobufCBacked {
         let c = try arena.allocate(CMessage.self)
         entitlements__v1__entitlement__init(c)
         c.pointee.id = try arena.lowerString(self.id, field: "id")
-        if self.isActive { c.pointee.has_is_active = 1; c.pointee.is_active = 1 }
+        c.pointee.has_is_active = 1; c.pointee.is_active = self.isActive ? 1 : 0
         if self.source != .unknown { c.pointee.has_source = 1; c.pointee.source = .init(rawValue: .init(truncatingIfNeeded: self.source.rawValue)) }
         if let value = self.startedDate { c.pointee.has_started_date = 1; c.pointee.started_date = value }
         if let value = self.trialStartDate { c.pointee.has_trial_start_date = 1; c.pointee.trial_start_date = value }
@@ -581,10 +581,10 @@ extension Entitlement: ProtobufCBacked {
         if self.grantType != .unspecified { c.pointee.has_grant_type = 1; c.pointee.grant_type = .init(rawValue: .init(truncatingIfNeeded: self.grantType.rawValue)) }
         c.pointee.last_activated_offer_code = try arena.lowerString(self.lastActivatedOfferCode, field: "last_activated_offer_code")
         (c.pointee.n_transactions, c.pointee.transactions) = try arena.lowerMessages(self.transactions, field: "transactions")
-        if self.willRenew { c.pointee.has_will_renew = 1; c.pointee.will_renew = 1 }
-        if self.isInGracePeriod { c.pointee.has_is_in_grace_period = 1; c.pointee.is_in_grace_period = 1 }
-        if self.isInBillingRetry { c.pointee.has_is_in_billing_retry = 1; c.pointee.is_in_billing_retry = 1 }
-        if self.isRevoked { c.pointee.has_is_revoked = 1; c.pointee.is_revoked = 1 }
+        c.pointee.has_will_renew = 1; c.pointee.will_renew = self.willRenew ? 1 : 0
+        c.pointee.has_is_in_grace_period = 1; c.pointee.is_in_grace_period = self.isInGracePeriod ? 1 : 0
+        c.pointee.has_is_in_billing_retry = 1; c.pointee.is_in_billing_retry = self.isInBillingRetry ? 1 : 0
+        c.pointee.has_is_revoked = 1; c.pointee.is_revoked = self.isRevoked ? 1 : 0
         if self.ownershipType != .unspecified { c.pointee.has_ownership_type = 1; c.pointee.ownership_type = .init(rawValue: .init(truncatingIfNeeded: self.ownershipType.rawValue)) }
         if self.periodType != .unspecified { c.pointee.has_period_type = 1; c.pointee.period_type = .init(rawValue: .init(truncatingIfNeeded: self.periodType.rawValue)) }
         if let value = self.gracePeriodExpirationDate { c.pointee.has_grace_period_expiration_date = 1; c.pointee.grace_period_expiration_date = value }

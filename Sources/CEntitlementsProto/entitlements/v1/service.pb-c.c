@@ -939,7 +939,7 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_request__d
   (ProtobufCMessageInit) entitlements__v1__check_entitlements_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_response__field_descriptors[5] =
+static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_response__field_descriptors[6] =
 {
   {
     "user_id",
@@ -1001,10 +1001,23 @@ static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_respo
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "log_sequence",
+    6,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__CheckEntitlementsResponse, has_log_sequence),
+    offsetof(Entitlements__V1__CheckEntitlementsResponse, log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__check_entitlements_response__field_indices_by_name[] = {
   1,   /* field[1] = customer_id */
   4,   /* field[4] = entitlements */
+  5,   /* field[5] = log_sequence */
   2,   /* field[2] = request_date */
   0,   /* field[0] = user_id */
   3,   /* field[3] = valid_until */
@@ -1012,7 +1025,7 @@ static const unsigned entitlements__v1__check_entitlements_response__field_indic
 static const ProtobufCIntRange entitlements__v1__check_entitlements_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_response__descriptor =
 {
@@ -1022,7 +1035,7 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_response__
   "Entitlements__V1__CheckEntitlementsResponse",
   "entitlements.v1",
   sizeof(Entitlements__V1__CheckEntitlementsResponse),
-  5,
+  6,
   entitlements__v1__check_entitlements_response__field_descriptors,
   entitlements__v1__check_entitlements_response__field_indices_by_name,
   1,  entitlements__v1__check_entitlements_response__number_ranges,
@@ -1144,7 +1157,7 @@ const ProtobufCMessageDescriptor entitlements__v1__batch_check_entitlements_resp
   (ProtobufCMessageInit) entitlements__v1__batch_check_entitlements_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__watch_entitlements_request__field_descriptors[4] =
+static const ProtobufCFieldDescriptor entitlements__v1__watch_entitlements_request__field_descriptors[5] =
 {
   {
     "user_ids",
@@ -1194,8 +1207,21 @@ static const ProtobufCFieldDescriptor entitlements__v1__watch_entitlements_reque
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "after_log_sequence",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__WatchEntitlementsRequest, has_after_log_sequence),
+    offsetof(Entitlements__V1__WatchEntitlementsRequest, after_log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__watch_entitlements_request__field_indices_by_name[] = {
+  4,   /* field[4] = after_log_sequence */
   1,   /* field[1] = all_customers */
   2,   /* field[2] = entitlement_ids */
   3,   /* field[3] = environment */
@@ -1204,7 +1230,7 @@ static const unsigned entitlements__v1__watch_entitlements_request__field_indice
 static const ProtobufCIntRange entitlements__v1__watch_entitlements_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__watch_entitlements_request__descriptor =
 {
@@ -1214,7 +1240,7 @@ const ProtobufCMessageDescriptor entitlements__v1__watch_entitlements_request__d
   "Entitlements__V1__WatchEntitlementsRequest",
   "entitlements.v1",
   sizeof(Entitlements__V1__WatchEntitlementsRequest),
-  4,
+  5,
   entitlements__v1__watch_entitlements_request__field_descriptors,
   entitlements__v1__watch_entitlements_request__field_indices_by_name,
   1,  entitlements__v1__watch_entitlements_request__number_ranges,
@@ -1986,17 +2012,19 @@ const ProtobufCMessageDescriptor entitlements__v1__compact_response__descriptor 
   (ProtobufCMessageInit) entitlements__v1__compact_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCEnumValue entitlements__v1__change_cause__enum_values_by_number[3] =
+static const ProtobufCEnumValue entitlements__v1__change_cause__enum_values_by_number[4] =
 {
   { "CHANGE_CAUSE_UNSPECIFIED", "ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_UNSPECIFIED", 0 },
   { "CHANGE_CAUSE_WRITE", "ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_WRITE", 1 },
   { "CHANGE_CAUSE_TIME", "ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_TIME", 2 },
+  { "CHANGE_CAUSE_RESUMED", "ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_RESUMED", 3 },
 };
 static const ProtobufCIntRange entitlements__v1__change_cause__value_ranges[] = {
-{0, 0},{0, 3}
+{0, 0},{0, 4}
 };
-static const ProtobufCEnumValueIndex entitlements__v1__change_cause__enum_values_by_name[3] =
+static const ProtobufCEnumValueIndex entitlements__v1__change_cause__enum_values_by_name[4] =
 {
+  { "CHANGE_CAUSE_RESUMED", 3 },
   { "CHANGE_CAUSE_TIME", 2 },
   { "CHANGE_CAUSE_UNSPECIFIED", 0 },
   { "CHANGE_CAUSE_WRITE", 1 },
@@ -2008,9 +2036,9 @@ const ProtobufCEnumDescriptor entitlements__v1__change_cause__descriptor =
   "ChangeCause",
   "Entitlements__V1__ChangeCause",
   "entitlements.v1",
-  3,
+  4,
   entitlements__v1__change_cause__enum_values_by_number,
-  3,
+  4,
   entitlements__v1__change_cause__enum_values_by_name,
   1,
   entitlements__v1__change_cause__value_ranges,

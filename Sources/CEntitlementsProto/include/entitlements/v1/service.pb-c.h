@@ -51,7 +51,13 @@ typedef enum _Entitlements__V1__ChangeCause {
   /*
    * Time passed a validUntil instant: an expiration, a grace end, a grant end.
    */
-  ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_TIME = 2
+  ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_TIME = 2,
+  /*
+   * The first event of a watch with after_log_sequence, for a customer that may
+   * have changed after that sequence: `current` is its answer now, `changes` is
+   * empty (the server does not know what the client saw).
+   */
+  ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_RESUMED = 3
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__CHANGE_CAUSE)
 } Entitlements__V1__ChangeCause;
 typedef enum _Entitlements__V1__ServingStatus {
@@ -123,10 +129,17 @@ struct  Entitlements__V1__CheckEntitlementsResponse
    */
   size_t n_entitlements;
   Entitlements__V1__Entitlement **entitlements;
+  /*
+   * The write-ahead log sequence this answer reflects: every write up to it is in
+   * it. Give it to WatchEntitlementsRequest.after_log_sequence to watch from this
+   * answer on with no change missed. Absent (0) before the first write.
+   */
+  protobuf_c_boolean has_log_sequence;
+  uint64_t log_sequence;
 };
 #define ENTITLEMENTS__V1__CHECK_ENTITLEMENTS_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__check_entitlements_response__descriptor) \
-    , NULL, NULL, 0, 0, 0, 0, 0,NULL }
+    , NULL, NULL, 0, 0, 0, 0, 0,NULL, 0, 0 }
 
 
 /*
@@ -186,10 +199,18 @@ struct  Entitlements__V1__WatchEntitlementsRequest
   char **entitlement_ids;
   protobuf_c_boolean has_environment;
   Entitlements__V1__Environment environment;
+  /*
+   * Watch from this log sequence on (a CheckEntitlementsResponse.log_sequence): each
+   * watched customer whose answer may have changed after it gets a first event,
+   * cause RESUMED, with its current answer. Absent: only changes after the watch
+   * starts. (int64, not uint64: its absence must be visible, as 0 is a sequence.)
+   */
+  protobuf_c_boolean has_after_log_sequence;
+  int64_t after_log_sequence;
 };
 #define ENTITLEMENTS__V1__WATCH_ENTITLEMENTS_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__watch_entitlements_request__descriptor) \
-    , 0,NULL, 0, 0, 0,NULL, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED }
+    , 0,NULL, 0, 0, 0,NULL, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, 0 }
 
 
 /*
@@ -245,7 +266,8 @@ struct  Entitlements__V1__EntitlementsChangedEvent
    */
   Entitlements__V1__CheckEntitlementsResponse *current;
   /*
-   * The write-ahead log sequence of the write that caused it; 0 for time.
+   * The write-ahead log sequence of the write that caused it (RESUMED: the
+   * sequence `current` reflects); absent (0) for time.
    */
   protobuf_c_boolean has_log_sequence;
   uint64_t log_sequence;
@@ -364,16 +386,18 @@ struct  Entitlements__V1__WriteResponse
   char *customer_id;
   /*
    * The write-ahead log sequence number of the write; the write is durable.
+   * Absent (0) when the write changed nothing (it was not logged).
    */
   protobuf_c_boolean has_log_sequence;
   uint64_t log_sequence;
   /*
    * False when the write repeated what was already stored (an idempotent replay).
+   * Always sent.
    */
   protobuf_c_boolean has_changed;
   protobuf_c_boolean changed;
   /*
-   * True when this write created the customer.
+   * True when this write created the customer. Always sent.
    */
   protobuf_c_boolean has_created;
   protobuf_c_boolean created;

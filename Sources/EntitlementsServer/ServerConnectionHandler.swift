@@ -958,7 +958,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let seconds = Double(self.configuration.frameTimeout.nanoseconds) / 1e9
         self.connectionError(
             .deadlineExceeded,
-            "a frame started \(seconds) s ago has not arrived in full (\(self.received - self.consumed) bytes so far); closing",
+            "a frame started \(seconds) s ago has not arrived in full (\(self.received - self.consumed) bytes so far); closing (at stream offset \(self.consumed))",
             requestID: 0
         )
     }

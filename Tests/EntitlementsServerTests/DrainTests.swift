@@ -108,6 +108,12 @@ struct DrainTests {
         for trial in 0..<12 {
             let fixture = try await ServerFixture(writable: true)
             let connections = try (0..<3).map { _ in try RawConnection(port: fixture.port, receiveBufferBytes: Int32.random(in: 4_096...262_144, using: &generator)) }
+            // Each connection is the server's (accepted, not still in the listen backlog
+            // when the listener closes) before the load and the drain begin.
+            for connection in connections {
+                connection.send([Frame(type: .ping, requestID: 1)])
+                #expect(try await offThePool { try connection.receive() }?.type == .pong)
+            }
             var sent: [[UInt64]] = []
             var grants: [Set<UInt64>] = []
             for (index, connection) in connections.enumerated() {

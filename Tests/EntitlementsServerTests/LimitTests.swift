@@ -73,7 +73,7 @@ struct LimitTests {
         slow.send(bytes: Array(bytes.readableBytesView.prefix(10)))  // 10 of 24 header bytes
         let error = try slow.receive()
         #expect(error?.type == .error && error?.status == .deadlineExceeded)
-        #expect(error?.message == "a frame started 0.2 s ago has not arrived in full (10 bytes so far); closing")
+        #expect(error?.message == "a frame started 0.2 s ago has not arrived in full (10 bytes so far); closing (at stream offset 0)")
         #expect(try slow.receive() == nil)
 
         // A sender that completes frames, however slowly in between, is fine.

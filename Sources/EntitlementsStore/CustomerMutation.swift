@@ -57,8 +57,15 @@ public struct CustomerMutation {
     /// Finds the current record of the customer a user id names, or nil.
     public let lookup: (String) throws -> CustomerRecord?
 
-    public init(catalog: ProductCatalog, lookup: @escaping (String) throws -> CustomerRecord?) {
+    /// Replaying the log: writes are checked by the rules they were admitted under when
+    /// they were logged. Binaries before log format 2 admitted a transaction or state with
+    /// a MANUAL store, a transaction without a type, and one without an expiration date;
+    /// a log holding such a write must still replay (docs/durability.md, "Format versions").
+    public let replaying: Bool
+
+    public init(catalog: ProductCatalog, replaying: Bool = false, lookup: @escaping (String) throws -> CustomerRecord?) {
         self.catalog = catalog
+        self.replaying = replaying
         self.lookup = lookup
     }
 
@@ -98,7 +105,10 @@ public struct CustomerMutation {
 
     /// Transactions and subscription states come from a store: APPSTORE, PLAYSTORE or
     /// STRIPE (types.proto). Access given by hand is a grant.
-    private static func checkStore(_ store: Source, _ field: String) throws {
+    private func checkStore(_ store: Source, _ field: String) throws {
+        if self.replaying, store != .unknown {
+            return
+        }
         switch store {
         case .appstore, .playstore, .stripe:
             return
@@ -109,28 +119,9 @@ public struct CustomerMutation {
         }
     }
 
-    private func recordTransaction(_ request: RecordTransactionRequest) throws -> WriteEffect {
-        let userId = try Self.id(request.userId, "user_id")
-        guard var transaction = request.transaction else {
-            throw WriteRefusal(.invalidArgument, "transaction: required")
-        }
-        let transactionId = try Self.id(transaction.transactionId, "transaction.transaction_id")
-        if transaction.originalTransactionId == nil {
-            transaction.originalTransactionId = transactionId  // the first of its chain
-        }
-        _ = try Self.id(transaction.originalTransactionId, "transaction.original_transaction_id")
-        try Self.checkStore(transaction.store, "transaction.store")
-        let productId = try Self.id(transaction.productId, "transaction.product_id")
-        guard self.catalog.contains(productId) else {
-            throw WriteRefusal(
-                .invalidArgument,
-                "transaction.product_id: \"\(productId)\" is not in the catalog (\(self.catalog.count) products); add it to the catalog first"
-            )
-        }
-        guard let purchased = transaction.transactionDate else {
-            throw WriteRefusal(.invalidArgument, "transaction.transaction_date: required")
-        }
-        // The schema's rules (types.proto, docs/data-formats.md), as the JSON input checks them.
+    /// The schema's rules for a new transaction (types.proto, docs/data-formats.md), as the
+    /// JSON input checks them.
+    private static func checkTypeAndExpiration(_ transaction: Transaction, purchased: Int64) throws {
         guard transaction.type != .unspecified else {
             throw WriteRefusal(
                 .invalidArgument,
@@ -148,6 +139,37 @@ public struct CustomerMutation {
             guard expiration > purchased else {
                 throw WriteRefusal(.invalidArgument, "transaction.expiration_date: \(expiration) is not after transaction_date \(purchased)")
             }
+        }
+    }
+
+    private func recordTransaction(_ request: RecordTransactionRequest) throws -> WriteEffect {
+        let userId = try Self.id(request.userId, "user_id")
+        guard var transaction = request.transaction else {
+            throw WriteRefusal(.invalidArgument, "transaction: required")
+        }
+        let transactionId = try Self.id(transaction.transactionId, "transaction.transaction_id")
+        if transaction.originalTransactionId == nil {
+            transaction.originalTransactionId = transactionId  // the first of its chain
+        }
+        _ = try Self.id(transaction.originalTransactionId, "transaction.original_transaction_id")
+        try self.checkStore(transaction.store, "transaction.store")
+        let productId = try Self.id(transaction.productId, "transaction.product_id")
+        guard self.catalog.contains(productId) else {
+            throw WriteRefusal(
+                .invalidArgument,
+                "transaction.product_id: \"\(productId)\" is not in the catalog (\(self.catalog.count) products); add it to the catalog first"
+            )
+        }
+        guard let purchased = transaction.transactionDate else {
+            throw WriteRefusal(.invalidArgument, "transaction.transaction_date: required")
+        }
+        if self.replaying {
+            // The rule before log format 2: only an expiration before the purchase was refused.
+            if let expiration = transaction.expirationDate, expiration < purchased {
+                throw WriteRefusal(.invalidArgument, "transaction.expiration_date: \(expiration) is before transaction_date \(purchased)")
+            }
+        } else {
+            try Self.checkTypeAndExpiration(transaction, purchased: purchased)
         }
         if transaction.environment == .unspecified {
             transaction.environment = .production
@@ -186,7 +208,7 @@ public struct CustomerMutation {
         guard let state = request.state else {
             throw WriteRefusal(.invalidArgument, "state: required")
         }
-        try Self.checkStore(state.store, "state.store")
+        try self.checkStore(state.store, "state.store")
         let chain = try Self.id(state.originalTransactionId, "state.original_transaction_id")
         var (record, created) = try self.recordOrNew(userId)
         let customerId = record.id!

@@ -231,7 +231,7 @@ public final class CustomerStore: Sendable {
             let snapshot = state.snapshot
             let effect: WriteEffect
             do {
-                effect = try self.effect(of: mutation, now: record.recordedDate ?? 0, latest: state.latest, snapshot: snapshot)
+                effect = try self.effect(of: mutation, now: record.recordedDate ?? 0, latest: state.latest, snapshot: snapshot, replaying: true)
             } catch {
                 throw SnapshotError(code: .corrupt, path: logDirectory, reason: "log record \(record.sequence) cannot be applied again: \(error)")
             }
@@ -404,10 +404,10 @@ public final class CustomerStore: Sendable {
     }
 
     /// The effect of `mutation` on the newest state.
-    private func effect(of mutation: LogRecord.Mutation, now: Int64, latest: Overlay, snapshot: SnapshotReader) throws -> WriteEffect {
+    private func effect(of mutation: LogRecord.Mutation, now: Int64, latest: Overlay, snapshot: SnapshotReader, replaying: Bool = false) throws -> WriteEffect {
         let lookup = { (userId: String) throws -> CustomerRecord? in try latest.customer(for: userId, snapshot: snapshot) }
         return try withoutActuallyEscaping(lookup) { lookup in
-            try CustomerMutation(catalog: self.catalog, lookup: lookup).effect(of: mutation, now: now)
+            try CustomerMutation(catalog: self.catalog, replaying: replaying, lookup: lookup).effect(of: mutation, now: now)
         }
     }
 

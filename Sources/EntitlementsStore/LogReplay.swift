@@ -22,8 +22,11 @@ extension WriteAheadLog {
     /// How much of the end of a segment was set aside, and what is known about it.
     public enum TornTail: Sendable, Equatable {
         /// The file ends inside a batch whose (checksummed) header is intact, or inside a
-        /// header, or is zeros where it grew but was never written: that batch's fsync
-        /// never returned, so none of its writes was acknowledged.
+        /// header, or is zeros where it grew but was never written. A process that dies
+        /// while appending leaves exactly that, and then the batch's fsync never returned,
+        /// so none of its writes was acknowledged. The file cannot prove it was a crash: a
+        /// file cut short or zeroed by something else looks the same, and then the writes
+        /// may have been acknowledged. The words `serve` prints say both.
         case neverAcknowledged
         /// A version-1 tail that may be a crash's or damage: it cannot be told whether its
         /// writes were acknowledged.
@@ -32,7 +35,7 @@ extension WriteAheadLog {
         /// The words `serve` prints.
         public var description: String {
             switch self {
-            case .neverAcknowledged: "never acknowledged"
+            case .neverAcknowledged: "never acknowledged if the server died while appending, which is what leaves such a tail; possibly acknowledged if the file was cut short by other means: compare the side file with what clients were told"
             case .possiblyAcknowledged: "possibly acknowledged: a format-1 log cannot tell a crash from damage here"
             }
         }
@@ -263,15 +266,32 @@ extension WriteAheadLog {
                 reason: "a damaged batch at the end of a segment that is not the last; acknowledged writes follow it in later segments, so start-up stops"
             )
         }
-        let sideFile = "\(path).torn-\(offset)"
         let tail = UnsafeRawBufferPointer(rebasing: bytes[offset...])
         // The side file is durable before a byte is cut: a crash between the two leaves
-        // both, and the next start-up writes the same side file again.
-        FileDescriptor.remove(sideFile)
-        let file = try FileDescriptor.create(sideFile)
-        try file.write(tail, at: 0)
-        try file.sync()
-        try FileDescriptor.syncDirectory(of: sideFile)
+        // both, and the next start-up finds the same bytes there and keeps that file. A
+        // side file is never replaced: another tear at the same offset (the segment took
+        // writes after an earlier one) goes to the next free name.
+        var sideFile = "\(path).torn-\(offset)"
+        var attempt = 1
+        while let existing = try? FileDescriptor.openForReading(sideFile) {
+            let size = (try? existing.size()) ?? 0
+            if size == UInt64(tail.count) {
+                var kept = [UInt8](repeating: 0, count: tail.count)
+                let same = (try? kept.withUnsafeMutableBytes { try existing.read(into: $0, count: tail.count, at: 0) }) != nil
+                    && kept.elementsEqual(tail)
+                if same {
+                    break
+                }
+            }
+            attempt += 1
+            sideFile = "\(path).torn-\(offset).\(attempt)"
+        }
+        if (try? FileDescriptor.openForReading(sideFile)) == nil {
+            let file = try FileDescriptor.create(sideFile)
+            try file.write(tail, at: 0)
+            try file.sync()
+            try FileDescriptor.syncDirectory(of: sideFile)
+        }
         guard ftruncate(fd, off_t(offset)) == 0, fsync(fd) == 0 else {
             throw SnapshotError(code: .io, path: path, offset: UInt64(offset), reason: "cannot cut off the torn end of the log: \(String(cString: strerror(errno)))")
         }

@@ -48,6 +48,16 @@ private func date(_ text: String?, _ flag: String) throws -> Int64? {
     return value
 }
 
+/// A transaction's or subscription state's store: the schema allows APPSTORE, PLAYSTORE or
+/// STRIPE only (access given by hand is a grant); the server checks it too.
+private func storeName(_ text: String) throws -> Source {
+    let store = try named(text, "--store", as: Source.self)
+    guard [.appstore, .playstore, .stripe].contains(store) else {
+        throw ValidationError("--store must be appstore, playstore or stripe, got \"\(text)\" (access given by hand is `entitlements grant`)")
+    }
+    return store
+}
+
 /// An enum option by its JSON name.
 private func named<E: JSONNamedEnum>(_ text: String, _ flag: String, as type: E.Type) throws -> E {
     guard let value = E(jsonName: text) else {
@@ -64,15 +74,15 @@ struct RecordTransactionCommand: WriteCommand {
     )
     @OptionGroup var connection: ServerOptions
     @Option(help: "The customer id or alias (a new id creates the customer).") var user: String
-    @Option(help: "appstore, playstore, stripe or manual.") var store: String
+    @Option(help: "appstore, playstore or stripe.") var store: String
     @Option(help: "The store's transaction id.") var transactionId: String
     @Option(help: "The chain's first transaction id; default: --transaction-id.") var originalTransactionId: String?
     @Option(help: "The product (must be in the catalog).") var product: String
     @Option(help: "When it was bought, RFC 3339.") var purchased: String
-    @Option(help: "When it expires, RFC 3339 (subscriptions).") var expires: String?
+    @Option(help: "When it expires, RFC 3339; required unless --type nonConsumablePurchase.") var expires: String?
     @Option(help: "When the store refunded or revoked it, RFC 3339.") var revoked: String?
     @Option(help: "production or sandbox.") var environment: String = "production"
-    @Option(help: "subscriptionStarted, subscriptionRenewed, trialStarted, introStarted, introRenewed or nonConsumablePurchase.") var type: String?
+    @Option(help: "subscriptionStarted, subscriptionRenewed, trialStarted, introStarted, introRenewed or nonConsumablePurchase.") var type: String
     @Option(help: "The offer code redeemed.") var offerCode: String?
     @Flag(help: "Print JSON.") var json = false
     var method: MethodID { .recordTransaction }
@@ -85,14 +95,14 @@ struct RecordTransactionCommand: WriteCommand {
             transaction: Transaction(
                 originalTransactionId: self.originalTransactionId,
                 transactionId: self.transactionId,
-                store: try named(self.store, "--store", as: Source.self),
+                store: try storeName(self.store),
                 productId: self.product,
                 offerCode: self.offerCode,
                 transactionDate: try date(self.purchased, "--purchased"),
                 expirationDate: try date(self.expires, "--expires"),
                 revocationDate: try date(self.revoked, "--revoked"),
                 environment: try named(self.environment, "--environment", as: Environment.self),
-                type: try self.type.map { try named($0, "--type", as: TransactionType.self) } ?? .unspecified
+                type: try named(self.type, "--type", as: TransactionType.self)
             )
         )
     }
@@ -105,7 +115,7 @@ struct UpdateSubscriptionCommand: WriteCommand {
     )
     @OptionGroup var connection: ServerOptions
     @Option(help: "The customer id or alias.") var user: String
-    @Option(help: "appstore, playstore, stripe or manual.") var store: String
+    @Option(help: "appstore, playstore or stripe.") var store: String
     @Option(help: "The chain's first transaction id.") var originalTransactionId: String
     @Option(help: "Whether the subscription renews: true or false.") var autoRenew: Bool?
     @Option(help: "When auto-renew was turned off, RFC 3339.") var autoRenewDisabled: String?
@@ -121,7 +131,7 @@ struct UpdateSubscriptionCommand: WriteCommand {
         UpdateSubscriptionStateRequest(
             userId: self.user,
             state: SubscriptionState(
-                store: try named(self.store, "--store", as: Source.self),
+                store: try storeName(self.store),
                 originalTransactionId: self.originalTransactionId,
                 autoRenewEnabled: self.autoRenew ?? false,
                 autoRenewDisabledDate: try date(self.autoRenewDisabled, "--auto-renew-disabled"),

@@ -333,6 +333,58 @@ struct CustomerStoreTests {
         store.close()
     }
 
+    @Test("a log written under the rules before format 2 still replays (MANUAL store, no type, no expiration)")
+    func legacyWritesReplay() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        let legacy = LogRecord.Mutation.recordTransaction(RecordTransactionRequest(
+            userId: "alice",
+            transaction: Transaction(transactionId: "old-1", store: .manual, productId: "monthly", transactionDate: now - day, environment: .production)
+        ))
+        do {
+            let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+            // Today's rules refuse it as a new write ...
+            await #expect(throws: WriteRefusal.self) { try await store.write(legacy) }
+            store.close()
+        }
+        // ... but an older binary logged it, so replay must take it.
+        do {
+            let (log, _) = try WriteAheadLog.open(directory: directory + "/log")
+            _ = try await log.append(legacy, recordedDate: now)
+            log.closeAndWait()
+        }
+        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+        #expect(report.replayedRecords == 1)
+        #expect(try store.customer(for: "alice")?.transactions.map(\.transactionId) == ["old-1"])
+        store.close()
+    }
+
+    @Test("a side file is never replaced: a second tear at the same offset goes to the next name")
+    func sideFileKept() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        let segment = directory + "/log/log-00000000000000000001.wal"
+        var sideFiles: [String] = []
+        for round in 0..<2 {
+            do {
+                let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+                _ = try await store.write(WriteWorld.purchase("bob", "t-\(round)"))
+                store.close()
+            }
+            // Cut the last batch of this round: the first round's cut leaves the segment
+            // where the second round appends, so both tears start at the same offset.
+            let bytes = try Data(contentsOf: URL(fileURLWithPath: segment))
+            try bytes.dropLast(3 + round).write(to: URL(fileURLWithPath: segment))
+            let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+            sideFiles.append(try #require(report.tornSideFile))
+            store.close()
+        }
+        #expect(sideFiles[0] != sideFiles[1], "\(sideFiles)")
+        #expect(FileManager.default.fileExists(atPath: sideFiles[0]) && FileManager.default.fileExists(atPath: sideFiles[1]))
+    }
+
     @Test("a read-only store refuses writes with a message that says why")
     func readOnly() async throws {
         let scratch = try ScratchDirectory()

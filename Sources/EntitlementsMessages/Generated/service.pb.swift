@@ -332,7 +332,8 @@ extension BatchCheckEntitlementsResponse: ProtobufCBacked {
     }
 }
 
-/// Method 3. A server stream of EntitlementsChangedEvent, until cancelled.
+/// Method 3. A server stream of EntitlementsChangedEvent, until the client cancels it or
+/// the server ends it (docs/PROTOCOL.md section 8 lists why).
 public struct WatchEntitlementsRequest: Sendable, Hashable {
     /// The users to watch; ignored when all_customers is set.
     public var userIds: [String] = []

@@ -180,7 +180,8 @@ struct  Entitlements__V1__BatchCheckEntitlementsResponse
 
 
 /*
- * Method 3. A server stream of EntitlementsChangedEvent, until cancelled.
+ * Method 3. A server stream of EntitlementsChangedEvent, until the client cancels it or
+ * the server ends it (docs/PROTOCOL.md section 8 lists why).
  */
 struct  Entitlements__V1__WatchEntitlementsRequest
 {

@@ -42,8 +42,9 @@ bench: deps
 	benchmarks/run.sh $(BENCH_FLAGS)
 
 # Debian packages for protobuf-c (library, protoc-c), Google's protoc (used by the tests
-# and codegen) and pkg-config (SwiftPM finds libprotobuf-c with it); Python's protobuf
-# package for codegen/protoc-gen-swift-shim. Installs only what is missing.
+# and codegen) and pkg-config (SwiftPM finds libprotobuf-c with it); PostgreSQL's server
+# (the fleet tests start their own, docs/fleet.md); Python's protobuf package for
+# codegen/protoc-gen-swift-shim. Installs only what is missing.
 deps:
 	@missing=""; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
@@ -51,6 +52,7 @@ deps:
 	command -v protoc-c >/dev/null || missing="$$missing protobuf-c-compiler"; \
 	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
 	command -v python3 >/dev/null || missing="$$missing python3 python3-protobuf"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make deps: installing$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \

@@ -1,4 +1,4 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.1
 import PackageDescription
 
 // One set of settings for every Swift target: Swift 6 language mode (strict concurrency),
@@ -21,6 +21,7 @@ let package = Package(
         .library(name: "EntitlementsTools", targets: ["EntitlementsTools"]),
         .library(name: "EntitlementsServer", targets: ["EntitlementsServer"]),
         .library(name: "EntitlementsClient", targets: ["EntitlementsClient"]),
+        .library(name: "EntitlementsFleet", targets: ["EntitlementsFleet"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -31,6 +32,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
     ],
     targets: [
         // MARK: C: libprotobuf-c, the protoc-c output, and the arena shim.
@@ -126,6 +128,21 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Fleet mode (docs/fleet.md): PostgreSQL as the shared source of truth. Owns the
+        // schema and its migrations, the write path, the change-log tailer and the snapshot
+        // export.
+        .target(
+            name: "EntitlementsFleet",
+            dependencies: [
+                "EntitlementsMessages",
+                "EntitlementsStore",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The operations behind `entitlements snapshot ...`, and synthetic data.
         .target(
             name: "EntitlementsTools",
@@ -148,6 +165,7 @@ let package = Package(
                 "EntitlementsTools",
                 "EntitlementsServer",
                 "EntitlementsClient",
+                "EntitlementsFleet",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -217,6 +235,23 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsFleetTests",
+            dependencies: [
+                "EntitlementsFleet",
+                "EntitlementsStore",
+                "EntitlementsMessages",
+                "EntitlementsTools",
+                "EntitlementsServer",
+                "EntitlementsClient",
+                "EntitlementsWire",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
         ),

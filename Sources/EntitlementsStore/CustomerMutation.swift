@@ -45,6 +45,39 @@ public struct WriteEffect: Sendable, Hashable {
     public var changed: Bool { !self.records.isEmpty || !self.aliases.isEmpty }
 }
 
+extension WriteEffect {
+    /// The effect as fleet mode logs it: every customer and alias it changes, sorted by id
+    /// so that the same effect always encodes to the same bytes.
+    public var replicated: ReplicatedWrite {
+        ReplicatedWrite(
+            customerId: self.customerId,
+            created: self.created,
+            customers: self.records.sorted { $0.key < $1.key }.map { CustomerChange(customerId: $0.key, record: $0.value) },
+            aliases: self.aliases.sorted { $0.key < $1.key }.map { AliasChange(alias: $0.key, customerId: $0.value) }
+        )
+    }
+
+    /// The effect a replicated write logged; throws for a record that names no customer.
+    public init(replicated write: ReplicatedWrite) throws {
+        guard let customerId = write.customerId else {
+            throw WriteRefusal(.invalidArgument, "replicated write: customer_id missing")
+        }
+        self.init(customerId: customerId, created: write.created, logged: .replicatedWrite(write))
+        for change in write.customers {
+            guard let id = change.customerId, change.record.map({ $0.id == id }) ?? true else {
+                throw WriteRefusal(.invalidArgument, "replicated write of \(customerId): a customer change without its id, or with a record of another id")
+            }
+            self.records[id] = .some(change.record)
+        }
+        for change in write.aliases {
+            guard let alias = change.alias else {
+                throw WriteRefusal(.invalidArgument, "replicated write of \(customerId): an alias change without the alias")
+            }
+            self.aliases[alias] = .some(change.customerId)
+        }
+    }
+}
+
 /// The write rules (docs/durability.md, "Write rules"): validates a mutation and computes
 /// its effect. Pure: the current state comes in through `lookup`, which finds the customer
 /// a user id (customer id or alias) names.
@@ -85,6 +118,9 @@ public struct CustomerMutation {
             return try self.linkAlias(request)
         case .deleteCustomer(let request):
             return try self.deleteCustomer(request)
+        case .replicatedWrite(let write):
+            // Computed by the server that made the write (fleet mode): applied as it is.
+            return try WriteEffect(replicated: write)
         }
     }
 

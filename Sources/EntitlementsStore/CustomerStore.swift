@@ -70,11 +70,53 @@ public final class CustomerStore: Sendable {
     public struct WriteOutcome: Sendable {
         public var customerId: String
         /// The write's log sequence; nil when it changed nothing (nothing was logged).
+        /// Through an upstream (fleet mode), an unchanged write answers the sequence of the
+        /// customer's last change, so that a retry still gives a read-your-writes token.
         public var sequence: UInt64?
         public var created: Bool
-        /// What readers now see; nil when the write changed nothing.
+        /// What readers now see; nil when the write changed nothing, or was made upstream.
         public var committed: CommittedWrite?
-        public var changed: Bool { self.committed != nil }
+        /// Whether the write changed anything.
+        public var changed: Bool
+
+        init(customerId: String, sequence: UInt64?, created: Bool, committed: CommittedWrite?, changed: Bool? = nil) {
+            self.customerId = customerId
+            self.sequence = sequence
+            self.created = created
+            self.committed = committed
+            self.changed = changed ?? (committed != nil)
+        }
+    }
+
+    /// A write the upstream made durable (fleet mode).
+    public struct UpstreamWrite: Sendable {
+        public var customerId: String
+        /// The write's sequence in the upstream's change log (for an unchanged write, the
+        /// customer's last change; 0 if none).
+        public var sequence: UInt64
+        public var changed: Bool
+        public var created: Bool
+
+        public init(customerId: String, sequence: UInt64, changed: Bool, created: Bool) {
+            self.customerId = customerId
+            self.sequence = sequence
+            self.changed = changed
+            self.created = created
+        }
+    }
+
+    /// A write made upstream, as the store applies it (``applyReplicated(_:)``).
+    public struct ReplicatedEntry: Sendable {
+        public var sequence: UInt64
+        public var write: ReplicatedWrite
+        /// When the upstream committed it (Unix milliseconds).
+        public var recordedDate: Int64
+
+        public init(sequence: UInt64, write: ReplicatedWrite, recordedDate: Int64) {
+            self.sequence = sequence
+            self.write = write
+            self.recordedDate = recordedDate
+        }
     }
 
     /// What a compaction did.
@@ -116,7 +158,28 @@ public final class CustomerStore: Sendable {
         var compacting = false
         var compactions = 0
         var onCommit: (@Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void)?
+        /// Fleet mode: where writes go instead of the local log.
+        var upstream: (any WriteUpstream)?
+        var upstreamApplyWait: Duration = .seconds(1)
+        /// Identifies barriers that can be withdrawn (a bounded wait that ran out).
+        var nextBarrierId: UInt64 = 0
+        var timedBarriers: Set<UInt64> = []
     }
+
+    /// Sends every write to `upstream` (fleet mode) instead of the local log: the local log
+    /// then takes only the upstream's writes, through ``applyReplicated(_:)``, numbered as
+    /// the upstream numbered them. A write is acknowledged once the upstream made it
+    /// durable and, within `applyWait`, this store has applied it too (so the writer reads
+    /// its own write here); past that it is acknowledged anyway, with its sequence.
+    public func forwardWrites(to upstream: any WriteUpstream, applyWait: Duration) {
+        self.state.withLock { state in
+            state.upstream = upstream
+            state.upstreamApplyWait = applyWait
+        }
+    }
+
+    /// Whether writes go to an upstream (fleet mode).
+    public var forwardsWrites: Bool { self.state.withLock { $0.upstream != nil } }
 
     /// Work to do when a write has become durable and visible, before it is acknowledged
     /// (the server drops cached answers and tells watchers); it calls the closure it is
@@ -349,6 +412,26 @@ public final class CustomerStore: Sendable {
             completion(.failure(WriteRefusal(.unavailable, "this server has no data directory (--data-dir), so it takes no writes")))
             return
         }
+        if let (upstream, applyWait) = self.state.withLock({ state in state.upstream.map { ($0, state.upstreamApplyWait) } }) {
+            Task {
+                do {
+                    let written = try await upstream.write(mutation, now: now)
+                    if written.sequence > 0 {
+                        _ = await self.waitUntilApplied(written.sequence, timeout: applyWait)
+                    }
+                    completion(.success(WriteOutcome(
+                        customerId: written.customerId,
+                        sequence: written.sequence == 0 ? nil : written.sequence,
+                        created: written.created,
+                        committed: nil,
+                        changed: written.changed
+                    )))
+                } catch {
+                    completion(.failure(error))
+                }
+            }
+            return
+        }
         let immediate: Result<WriteOutcome, any Error>? = self.state.withLock { state in
             if state.logFailed, let failure = log.failure {
                 return .failure(WriteRefusal(.unavailable, "the log failed (\(failure)); restart the server to replay it"))
@@ -376,16 +459,8 @@ public final class CustomerStore: Sendable {
                 sequence = try log.enqueue(effect.logged, recordedDate: now) { result in
                     switch result {
                     case .success(let sequence):
-                        let (committed, hook) = self.commit(effect, sequence: sequence)
-                        let outcome = WriteOutcome(customerId: effect.customerId, sequence: sequence, created: effect.created, committed: committed)
-                        let finish: @Sendable () -> Void = {
-                            self.acknowledge(sequence)
-                            completion(.success(outcome))
-                        }
-                        if let hook {
-                            hook(committed, finish)
-                        } else {
-                            finish()
+                        self.makeVisible(effect, sequence: sequence) { committed in
+                            completion(.success(WriteOutcome(customerId: effect.customerId, sequence: sequence, created: effect.created, committed: committed)))
                         }
                     case .failure(let error):
                         self.failBarriers()
@@ -400,6 +475,97 @@ public final class CustomerStore: Sendable {
         }
         if let immediate {
             completion(immediate)
+        }
+    }
+
+    /// A durable write becomes visible: readers see it, the commit work runs (the server
+    /// drops cached answers and tells watchers), then it is acknowledged and `done` runs.
+    private func makeVisible(_ effect: WriteEffect, sequence: UInt64, done: @escaping @Sendable (CommittedWrite) -> Void) {
+        let (committed, hook) = self.commit(effect, sequence: sequence)
+        let finish: @Sendable () -> Void = {
+            self.acknowledge(sequence)
+            done(committed)
+        }
+        if let hook {
+            hook(committed, finish)
+        } else {
+            finish()
+        }
+    }
+
+    /// Applies writes the upstream made (fleet mode), in their order: each is logged here
+    /// under the upstream's sequence, then made visible exactly as a local write is.
+    /// Returns once the last is acknowledged. Throws, applying nothing of the entry it
+    /// names, if an entry's sequence is not the next this log expects (a gap: the caller
+    /// must start again from a snapshot).
+    public func applyReplicated(_ entries: [ReplicatedEntry]) async throws {
+        guard let log = self.log, let last = entries.last else {
+            if entries.isEmpty { return }
+            throw WriteRefusal(.unavailable, "this server has no data directory (--data-dir), so it cannot apply replicated writes")
+        }
+        let effects = try entries.map { try WriteEffect(replicated: $0.write) }
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let queued: (any Error)? = self.state.withLock { state in
+                for (entry, effect) in zip(entries, effects) {
+                    let expected = log.nextSequence
+                    guard entry.sequence == expected else {
+                        return ReplicationGap(expected: expected, received: entry.sequence)
+                    }
+                    let isLast = entry.sequence == last.sequence
+                    do {
+                        _ = try log.enqueue(effect.logged, recordedDate: entry.recordedDate) { result in
+                            switch result {
+                            case .success(let sequence):
+                                self.makeVisible(effect, sequence: sequence) { _ in
+                                    if isLast { continuation.resume() }
+                                }
+                            case .failure(let error):
+                                self.failBarriers()
+                                if isLast { continuation.resume(throwing: error) }
+                            }
+                        }
+                    } catch {
+                        return error
+                    }
+                    state.latest.apply(effect, sequence: entry.sequence)
+                }
+                return nil
+            }
+            if let queued {
+                // Entries queued before the failing one still complete, but nobody waits
+                // for them: the caller starts again from a snapshot.
+                continuation.resume(throwing: queued)
+            }
+        }
+    }
+
+    /// Returns true once writes up to `sequence` are acknowledged (visible, caches
+    /// dropped), or false after `timeout` or if the log failed.
+    public func waitUntilApplied(_ sequence: UInt64, timeout: Duration) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let resumed = Atomic<Bool>(false)
+            let resume: @Sendable (Bool) -> Void = { value in
+                if !resumed.exchange(true, ordering: .acquiringAndReleasing) {
+                    continuation.resume(returning: value)
+                }
+            }
+            let id = self.state.withLock { state -> UInt64? in
+                if state.logFailed { resume(false); return nil }
+                if state.acknowledgedSequence >= sequence { resume(true); return nil }
+                let id = state.nextBarrierId
+                state.nextBarrierId += 1
+                state.timedBarriers.insert(id)
+                state.barriers.append((sequence, { durable in
+                    resume(durable)
+                }))
+                return id
+            }
+            guard let id else { return }
+            let nanoseconds = max(0, timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) {
+                self.state.withLock { _ = $0.timedBarriers.remove(id) }
+                resume(false)
+            }
         }
     }
 
@@ -497,7 +663,7 @@ public final class CustomerStore: Sendable {
         let path = "\(directory)/\(Self.snapshotFileName)"
         let catalog = old.catalog
         let written: UInt64 = try await Self.onWorkerThread {
-            var writer = try SnapshotWriter(path: path, catalog: catalog, createdDate: now, lastLogSequence: sequence)
+            var writer = try SnapshotWriter(path: path, catalog: catalog, createdDate: now, lastLogSequence: sequence, fleetEpoch: old.header.fleetEpoch)
             var replaced = Set<String>()
             try old.forEachRecord { record, _ in
                 guard let id = record.id else { return }
@@ -567,6 +733,15 @@ public final class CustomerStore: Sendable {
     /// Waits until every queued write is durable, then stops the log (shutdown).
     public func close() {
         self.log?.closeAndWait()
+    }
+
+    /// Releases the data directory's lock now, not when the store is released (a fleet
+    /// server that starts its directory afresh reopens it at once). Call after ``close()``;
+    /// the store must not be used afterwards.
+    public func unlock() {
+        if self.lockFD >= 0 {
+            flock(self.lockFD, LOCK_UN)
+        }
     }
 
     // MARK: Files

@@ -32,12 +32,14 @@ public struct SnapshotWriter: ~Copyable {
     ///     the creation time and random bits.
     ///   - createdDate: Unix milliseconds.
     ///   - lastLogSequence: the last write-ahead log sequence the snapshot contains.
+    ///   - fleetEpoch: fleet mode: the epoch of the change log `lastLogSequence` counts in.
     public init(
         path: String,
         catalog: Catalog,
         createdDate: Int64,
         snapshotId: String? = nil,
-        lastLogSequence: UInt64 = 0
+        lastLogSequence: UInt64 = 0,
+        fleetEpoch: String? = nil
     ) throws {
         self.path = path
         self.temporaryPath = "\(path).tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
@@ -48,7 +50,8 @@ public struct SnapshotWriter: ~Copyable {
             createdDate: createdDate,
             recordCount: 0,
             catalog: catalog,
-            lastLogSequence: lastLogSequence
+            lastLogSequence: lastLogSequence,
+            fleetEpoch: fleetEpoch
         )
     }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Dispatch
+import EntitlementsFleet
 import EntitlementsServer
 import EntitlementsStore
 import Foundation
@@ -79,6 +80,14 @@ struct ServeCommand: AsyncParsableCommand {
     var admin: String?
     @Option(help: "trace, debug, info (default), notice, warning, error or critical.")
     var logLevel: String?
+    @Option(help: "Fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md). Needs --data-dir.")
+    var postgres: String?
+    @Option(help: "Fleet mode: poll the change log this often when no NOTIFY arrives (default 250ms).")
+    var fleetPollInterval: String?
+    @Option(help: "Fleet mode: LISTEN for the writers' NOTIFY, true (default) or false (polling only).")
+    var fleetListen: String?
+    @Option(help: "Fleet mode: how long a write waits after COMMIT for this server to apply it (default 1s).")
+    var fleetWriteWait: String?
 
     /// The flags given, by setting name.
     private var flagValues: [String: String] {
@@ -89,7 +98,8 @@ struct ServeCommand: AsyncParsableCommand {
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
-            ("admin", self.admin), ("log-level", self.logLevel),
+            ("admin", self.admin), ("log-level", self.logLevel), ("postgres", self.postgres),
+            ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait),
         ]
         for case let (name, value?) in options {
             values[name] = value
@@ -155,8 +165,13 @@ struct ServeCommand: AsyncParsableCommand {
         }
 
         let store: CustomerStore
+        var fleet: FleetService?
         do {
-            store = try Self.openStore(settings)
+            if let url = try settings.fleetURL() {
+                (store, fleet) = try await Self.openFleet(settings, url: url, logger: logger)
+            } else {
+                store = try Self.openStore(settings)
+            }
         } catch {
             Self.say("error: cannot serve: \(error)")
             throw ExitCode(2)
@@ -204,13 +219,16 @@ struct ServeCommand: AsyncParsableCommand {
             Self.say("draining: GOAWAY sent, finishing accepted calls (at most \(Double(drainTimeout.nanoseconds) / 1e9) s)")
         }
         let signalHandler = SignalHandler(signals: signals)
-        var groupConfiguration = ServiceGroupConfiguration(
-            services: [
-                .init(service: signalHandler, successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
-                .init(service: service),
-            ],
-            logger: logger
-        )
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: signalHandler, successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
+        ]
+        if let fleet {
+            // Shut down after the server (services stop in reverse order): the tailer keeps
+            // applying while accepted calls finish.
+            services.append(.init(service: fleet, successTerminationBehavior: .ignore, failureTerminationBehavior: .gracefullyShutdownGroup))
+        }
+        services.append(.init(service: service))
+        var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .nanoseconds(drainTimeout.nanoseconds)
         let group = ServiceGroup(configuration: groupConfiguration)
         signalHandler.group.withLock { $0 = group }
@@ -224,6 +242,11 @@ struct ServeCommand: AsyncParsableCommand {
         }
         await admin?.close()
         store.close()  // waits for queued writes' fsync
+        await fleet?.database.close()
+        if let failure = fleet?.failure {
+            Self.say("fleet: \(failure); start the server again: it starts its data directory afresh from PostgreSQL")
+            throw ExitCode(1)
+        }
         if service.drained {
             Self.say("stopped")
             return
@@ -255,6 +278,30 @@ struct ServeCommand: AsyncParsableCommand {
         }
         Self.say("log replayed: \(report.replayedRecords) writes applied (\(report.skippedRecords) already in the snapshot) in \(started.duration(to: .now))")
         return store
+    }
+
+    /// Fleet mode: checks the database, opens (or starts afresh) the data directory from
+    /// it, and sends writes to it; the returned service tails its change log.
+    static func openFleet(_ settings: ServeSettings, url: FleetDatabaseURL, logger: Logger) async throws -> (CustomerStore, FleetService) {
+        let threshold = UInt64(try settings.bytes("compact-after"))
+        let poll = try settings.duration("fleet-poll-interval")
+        let wait = try settings.duration("fleet-write-wait")
+        let replica = try await FleetReplica.open(
+            url: url,
+            dataDirectory: settings.dataDirectory!,
+            seed: settings.snapshot,
+            configuration: .init(
+                tailer: .init(pollInterval: .nanoseconds(poll.nanoseconds), listen: try settings.bool("fleet-listen")),
+                writeWait: .nanoseconds(wait.nanoseconds),
+                storeOptions: .init(syncMode: try settings.syncMode(), compactAfterLogBytes: threshold == 0 ? nil : threshold)
+            ),
+            logger: logger,
+            now: WallClock.unixMilliseconds()
+        )
+        Self.say(replica.startup)
+        Self.say("log replayed: \(replica.openReport.replayedRecords) writes applied (\(replica.openReport.skippedRecords) already in the snapshot)")
+        Self.say("fleet mode: writes go to \(url); tailing its change log from sequence \(replica.store.committedSequence)")
+        return (replica.store, FleetService(tailer: replica.tailer, database: replica.database, logger: logger))
     }
 
     /// Writes a line to standard output unbuffered, so that a supervisor (or a test)
@@ -337,6 +384,38 @@ final class SignalHandler: Service, Sendable {
             }
             try await tasks.next()
             tasks.cancelAll()
+        }
+    }
+}
+
+/// Fleet mode's tailer as a service: it runs until the graceful shutdown, or until the
+/// change log can no longer be followed (then the group shuts down and serve exits 1).
+final class FleetService: Service, Sendable {
+    let tailer: FleetTailer
+    let database: FleetDatabase
+    private let logger: Logger
+    private let failed = Mutex<String?>(nil)
+
+    init(tailer: FleetTailer, database: FleetDatabase, logger: Logger) {
+        self.tailer = tailer
+        self.database = database
+        self.logger = logger
+    }
+
+    /// Why tailing stopped, if it failed.
+    var failure: String? { self.failed.withLock { $0 } }
+
+    func run() async throws {
+        do {
+            try await cancelWhenGracefulShutdown {
+                try await self.tailer.run()
+            }
+        } catch is CancellationError {
+            return
+        } catch {
+            self.failed.withLock { $0 = "\(error)" }
+            self.logger.error("fleet: cannot follow the change log: \(error)")
+            throw error
         }
     }
 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import EntitlementsFleet
 import EntitlementsServer
 import EntitlementsStore
 import Foundation
@@ -15,8 +16,10 @@ struct ServeSettings {
         var name: String
         var defaultValue: String?
         var help: String
+        /// The variable, when it is not ENTITLEMENTS_ and the name in capitals.
+        var variable: String? = nil
 
-        var environmentName: String { "ENTITLEMENTS_" + self.name.uppercased().replacingOccurrences(of: "-", with: "_") }
+        var environmentName: String { self.variable ?? "ENTITLEMENTS_" + self.name.uppercased().replacingOccurrences(of: "-", with: "_") }
     }
 
     static let keys: [Key] = [
@@ -41,6 +44,10 @@ struct ServeSettings {
         Key(name: "drain-timeout", defaultValue: "30s", help: "on SIGTERM/SIGINT, time to finish accepted calls before cancelling"),
         Key(name: "admin", defaultValue: nil, help: "admin HTTP listener HOST:PORT for /healthz, /readyz, /metrics; off by default"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
+        Key(name: "postgres", defaultValue: nil, help: "fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md)", variable: "ENTITLEMENTS_POSTGRES_URL"),
+        Key(name: "fleet-poll-interval", defaultValue: "250ms", help: "fleet mode: how often the change log is polled when no NOTIFY arrives"),
+        Key(name: "fleet-listen", defaultValue: "true", help: "fleet mode: LISTEN for the writers' NOTIFY (false: polling only)"),
+        Key(name: "fleet-write-wait", defaultValue: "1s", help: "fleet mode: how long a write waits, after COMMIT, for this server to apply it"),
     ]
 
     /// A value and where it came from.
@@ -175,6 +182,18 @@ struct ServeSettings {
     var snapshot: String? { self.text("snapshot") }
     var dataDirectory: String? { self.text("data-dir") }
 
+    /// Fleet mode's database, if `--postgres` is set.
+    func fleetURL() throws -> FleetDatabaseURL? {
+        guard let text = self.text("postgres") else {
+            return nil
+        }
+        do {
+            return try FleetDatabaseURL(text)
+        } catch {
+            throw ValidationError("\(self.origin("postgres")): \(error)")
+        }
+    }
+
     func syncMode() throws -> WriteAheadLog.SyncMode {
         guard let mode = WriteAheadLog.SyncMode(rawValue: self.text("fsync") ?? "") else {
             throw ValidationError("\(self.origin("fsync")) must be batch or always, got \"\(self.text("fsync") ?? "")\"")
@@ -204,6 +223,15 @@ struct ServeSettings {
         _ = try self.address("admin")
         _ = try self.logLevel()
         _ = try self.integer("threads", in: 1...1_024)
+        if self.text("postgres") != nil {
+            guard self.dataDirectory != nil else {
+                throw ValidationError("--postgres needs --data-dir DIR: a fleet server keeps its copy of the change log there (docs/fleet.md)")
+            }
+            _ = try self.fleetURL()
+            _ = try self.duration("fleet-poll-interval")
+            _ = try self.duration("fleet-write-wait")
+            _ = try self.bool("fleet-listen")
+        }
         return ServerConfiguration(
             tcp: noTCP ? nil : try self.address("listen"),
             unixSocketPath: self.text("unix"),
@@ -224,7 +252,11 @@ struct ServeSettings {
     var printed: String {
         Self.keys.map { key in
             let value = self.values[key.name]
-            return "\(key.name) = \(value?.text ?? "(none)")  # \(value?.source ?? "default")"
+            var text = value?.text ?? "(none)"
+            if key.name == "postgres", let url = try? self.fleetURL() {
+                text = "\(url)"  // never the password
+            }
+            return "\(key.name) = \(text)  # \(value?.source ?? "default")"
         }.joined(separator: "\n")
     }
 }

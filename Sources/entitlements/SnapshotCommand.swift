@@ -4,11 +4,11 @@ import EntitlementsFormats
 import EntitlementsTools
 
 /// `entitlements snapshot build | generate | inspect` (docs/snapshot-format.md).
-struct SnapshotCommand: ParsableCommand {
+struct SnapshotCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "snapshot",
         abstract: "Build, generate and inspect snapshot files.",
-        subcommands: [Build.self, Generate.self, Inspect.self]
+        subcommands: [Build.self, Generate.self, Inspect.self, SnapshotExportCommand.self]
     )
 
     struct Build: ParsableCommand {

@@ -157,10 +157,23 @@ enum Fixtures {
             createdDate: 1_767_225_600_000,
             recordCount: 1_000_000,
             catalog: catalog,
-            lastLogSequence: 77
+            lastLogSequence: 77,
+            fleetEpoch: "0b9f4e7a-8f0e-4c71-9a55-1d2f3c4b5a69"
         ),
         LogRecord(sequence: 1, recordedDate: 1_767_225_600_000, mutation: .grantEntitlement(grantEntitlement)),
+        customerChange,
+        aliasChange,
+        replicatedWrite,
     ]
+
+    static let customerChange = CustomerChange(customerId: "user-1", record: CustomerRecord(id: "user-1", aliases: ["legacy-7"], grants: [grant]))
+    static let aliasChange = AliasChange(alias: "legacy-7", customerId: "user-1")
+    static let replicatedWrite = ReplicatedWrite(
+        customerId: "user-1",
+        created: true,
+        customers: [customerChange, CustomerChange(customerId: "user-2")],
+        aliases: [aliasChange, AliasChange(alias: "gone")]
+    )
 
     /// One LogRecord per mutation case, so that every case of the oneof is exercised.
     static let logRecordsForEveryMutation: [LogRecord] = [
@@ -170,6 +183,7 @@ enum Fixtures {
         .revokeGrant(revokeGrant),
         .linkAlias(linkAlias),
         .deleteCustomer(deleteCustomer),
+        .replicatedWrite(replicatedWrite),
     ].enumerated().map { index, mutation in
         LogRecord(sequence: UInt64(index + 1), recordedDate: 1_767_225_600_000 + Int64(index), mutation: mutation)
     }

@@ -69,7 +69,7 @@ struct ProtobufRoundTripTests {
             let oneofMembers = descriptorFields.subtracting(swiftFields)
             #expect(swiftFields.subtracting(descriptorFields).subtracting(["mutation"]).isEmpty, "\(type.protoMessageName)")
             if type == LogRecord.self {
-                #expect(oneofMembers.count == 6)
+                #expect(oneofMembers.count == 7)
             } else {
                 #expect(oneofMembers.isEmpty, "\(type.protoMessageName) lacks \(oneofMembers.sorted())")
             }

@@ -72,7 +72,7 @@ struct ProtocCompatibilityTests {
         )
         let present = fields.filter { topLevelNames.contains($0) }
         if type(of: message) == LogRecord.self {
-            #expect(present.count == fields.count - 5, "\(name):\n\(text)")
+            #expect(present.count == fields.count - 6, "\(name):\n\(text)")
         } else {
             #expect(present == fields, "\(name) is missing \(Set(fields).subtracting(present).sorted()) in:\n\(text)")
         }

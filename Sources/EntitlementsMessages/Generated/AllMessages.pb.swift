@@ -30,4 +30,7 @@ let allProtobufMessageTypes: [any ProtobufMessage.Type] = [
     CustomerRecord.self,
     SnapshotHeader.self,
     LogRecord.self,
+    CustomerChange.self,
+    AliasChange.self,
+    ReplicatedWrite.self,
 ]

@@ -265,6 +265,9 @@ public struct SnapshotHeader: Sendable, Hashable {
     public var catalog: Catalog? = nil
     /// The last write-ahead log sequence number the snapshot contains.
     public var lastLogSequence: UInt64 = 0
+    /// Fleet mode (docs/fleet.md): the epoch of the PostgreSQL change log whose sequence
+    /// numbers last_log_sequence counts. Absent for an embedded server's snapshot.
+    public var fleetEpoch: String? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -276,7 +279,8 @@ public struct SnapshotHeader: Sendable, Hashable {
         createdDate: Int64? = nil,
         recordCount: UInt64 = 0,
         catalog: Catalog? = nil,
-        lastLogSequence: UInt64 = 0
+        lastLogSequence: UInt64 = 0,
+        fleetEpoch: String? = nil
     ) {
         self.formatVersion = formatVersion
         self.snapshotId = snapshotId
@@ -284,6 +288,7 @@ public struct SnapshotHeader: Sendable, Hashable {
         self.recordCount = recordCount
         self.catalog = catalog
         self.lastLogSequence = lastLogSequence
+        self.fleetEpoch = fleetEpoch
     }
 }
 
@@ -325,6 +330,7 @@ extension SnapshotHeader: ProtobufCBacked {
         self.recordCount = c.has_record_count != 0 ? c.record_count : 0
         self.catalog = try liftMessage(c.catalog, as: Catalog.self, field: "catalog")
         self.lastLogSequence = c.has_last_log_sequence != 0 ? c.last_log_sequence : 0
+        self.fleetEpoch = try liftString(c.fleet_epoch, field: "fleet_epoch")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -336,6 +342,7 @@ extension SnapshotHeader: ProtobufCBacked {
         if self.recordCount != 0 { c.pointee.has_record_count = 1; c.pointee.record_count = self.recordCount }
         c.pointee.catalog = try arena.lowerMessage(self.catalog, field: "catalog")
         if self.lastLogSequence != 0 { c.pointee.has_last_log_sequence = 1; c.pointee.last_log_sequence = self.lastLogSequence }
+        c.pointee.fleet_epoch = try arena.lowerString(self.fleetEpoch, field: "fleet_epoch")
         return c
     }
 }
@@ -361,6 +368,8 @@ public struct LogRecord: Sendable, Hashable {
         case linkAlias(LinkAliasRequest)
         /// The `delete_customer` field.
         case deleteCustomer(DeleteCustomerRequest)
+        /// Fleet mode: a write made through PostgreSQL, as its change log holds it.
+        case replicatedWrite(ReplicatedWrite)
     }
 
     public var mutation: Mutation? = nil
@@ -427,6 +436,8 @@ extension LogRecord: ProtobufCBacked {
             self.mutation = try liftMessage(c.link_alias, as: LinkAliasRequest.self, field: "link_alias").map { .linkAlias($0) }
         case 21:
             self.mutation = try liftMessage(c.delete_customer, as: DeleteCustomerRequest.self, field: "delete_customer").map { .deleteCustomer($0) }
+        case 22:
+            self.mutation = try liftMessage(c.replicated_write, as: ReplicatedWrite.self, field: "replicated_write").map { .replicatedWrite($0) }
         default:
             self.mutation = nil
         }
@@ -456,9 +467,221 @@ extension LogRecord: ProtobufCBacked {
         case .deleteCustomer(let value):
             c.pointee.mutation_case = .init(rawValue: 21)
             c.pointee.delete_customer = try arena.lowerMessage(value, field: "delete_customer")
+        case .replicatedWrite(let value):
+            c.pointee.mutation_case = .init(rawValue: 22)
+            c.pointee.replicated_write = try arena.lowerMessage(value, field: "replicated_write")
         case nil:
             break
         }
+        return c
+    }
+}
+
+/// A customer as a write left it.
+public struct CustomerChange: Sendable, Hashable {
+    /// The `customer_id` field.
+    public var customerId: String? = nil
+    /// Absent: the write deleted the customer.
+    public var record: CustomerRecord? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        customerId: String? = nil,
+        record: CustomerRecord? = nil
+    ) {
+        self.customerId = customerId
+        self.record = record
+    }
+}
+
+extension CustomerChange: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.CustomerChange"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension CustomerChange: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__CustomerChange
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__customer_change__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__customer_change__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__customer_change__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.customerId = try liftString(c.customer_id, field: "customer_id")
+        self.record = try liftMessage(c.record, as: CustomerRecord.self, field: "record")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__customer_change__init(c)
+        c.pointee.customer_id = try arena.lowerString(self.customerId, field: "customer_id")
+        c.pointee.record = try arena.lowerMessage(self.record, field: "record")
+        return c
+    }
+}
+
+/// An alias and the customer it names after a write.
+public struct AliasChange: Sendable, Hashable {
+    /// The `alias` field.
+    public var alias: String? = nil
+    /// Absent: the alias names nobody now.
+    public var customerId: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        alias: String? = nil,
+        customerId: String? = nil
+    ) {
+        self.alias = alias
+        self.customerId = customerId
+    }
+}
+
+extension AliasChange: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.AliasChange"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension AliasChange: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__AliasChange
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__alias_change__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__alias_change__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__alias_change__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.alias = try liftString(c.alias, field: "alias")
+        self.customerId = try liftString(c.customer_id, field: "customer_id")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__alias_change__init(c)
+        c.pointee.alias = try arena.lowerString(self.alias, field: "alias")
+        c.pointee.customer_id = try arena.lowerString(self.customerId, field: "customer_id")
+        return c
+    }
+}
+
+/// One write's effect: every customer and alias it changed. Fleet mode (docs/fleet.md)
+/// logs this, in PostgreSQL's change_log and in each server's own log, rather than the
+/// request: every server applies exactly what the writing server computed.
+public struct ReplicatedWrite: Sendable, Hashable {
+    /// The customer the write named.
+    public var customerId: String? = nil
+    /// Whether the write created that customer.
+    public var created: Bool = false
+    /// The `customers` field.
+    public var customers: [CustomerChange] = []
+    /// The `aliases` field.
+    public var aliases: [AliasChange] = []
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        customerId: String? = nil,
+        created: Bool = false,
+        customers: [CustomerChange] = [],
+        aliases: [AliasChange] = []
+    ) {
+        self.customerId = customerId
+        self.created = created
+        self.customers = customers
+        self.aliases = aliases
+    }
+}
+
+extension ReplicatedWrite: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.ReplicatedWrite"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension ReplicatedWrite: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__ReplicatedWrite
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__replicated_write__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__replicated_write__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__replicated_write__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.customerId = try liftString(c.customer_id, field: "customer_id")
+        self.created = c.has_created != 0 && c.created != 0
+        self.customers = try liftMessages(c.n_customers, c.customers, as: CustomerChange.self, field: "customers")
+        self.aliases = try liftMessages(c.n_aliases, c.aliases, as: AliasChange.self, field: "aliases")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__replicated_write__init(c)
+        c.pointee.customer_id = try arena.lowerString(self.customerId, field: "customer_id")
+        c.pointee.has_created = 1; c.pointee.created = self.created ? 1 : 0
+        (c.pointee.n_customers, c.pointee.customers) = try arena.lowerMessages(self.customers, field: "customers")
+        (c.pointee.n_aliases, c.pointee.aliases) = try arena.lowerMessages(self.aliases, field: "aliases")
         return c
     }
 }

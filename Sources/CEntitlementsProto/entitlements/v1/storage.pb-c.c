@@ -232,6 +232,141 @@ void   entitlements__v1__log_record__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__log_record__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   entitlements__v1__customer_change__init
+                     (Entitlements__V1__CustomerChange         *message)
+{
+  static const Entitlements__V1__CustomerChange init_value = ENTITLEMENTS__V1__CUSTOMER_CHANGE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__customer_change__get_packed_size
+                     (const Entitlements__V1__CustomerChange *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_change__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__customer_change__pack
+                     (const Entitlements__V1__CustomerChange *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_change__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__customer_change__pack_to_buffer
+                     (const Entitlements__V1__CustomerChange *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_change__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__CustomerChange *
+       entitlements__v1__customer_change__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__CustomerChange *)
+     protobuf_c_message_unpack (&entitlements__v1__customer_change__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__customer_change__free_unpacked
+                     (Entitlements__V1__CustomerChange *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__customer_change__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__alias_change__init
+                     (Entitlements__V1__AliasChange         *message)
+{
+  static const Entitlements__V1__AliasChange init_value = ENTITLEMENTS__V1__ALIAS_CHANGE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__alias_change__get_packed_size
+                     (const Entitlements__V1__AliasChange *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__alias_change__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__alias_change__pack
+                     (const Entitlements__V1__AliasChange *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__alias_change__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__alias_change__pack_to_buffer
+                     (const Entitlements__V1__AliasChange *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__alias_change__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__AliasChange *
+       entitlements__v1__alias_change__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__AliasChange *)
+     protobuf_c_message_unpack (&entitlements__v1__alias_change__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__alias_change__free_unpacked
+                     (Entitlements__V1__AliasChange *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__alias_change__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__replicated_write__init
+                     (Entitlements__V1__ReplicatedWrite         *message)
+{
+  static const Entitlements__V1__ReplicatedWrite init_value = ENTITLEMENTS__V1__REPLICATED_WRITE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__replicated_write__get_packed_size
+                     (const Entitlements__V1__ReplicatedWrite *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__replicated_write__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__replicated_write__pack
+                     (const Entitlements__V1__ReplicatedWrite *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__replicated_write__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__replicated_write__pack_to_buffer
+                     (const Entitlements__V1__ReplicatedWrite *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__replicated_write__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__ReplicatedWrite *
+       entitlements__v1__replicated_write__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__ReplicatedWrite *)
+     protobuf_c_message_unpack (&entitlements__v1__replicated_write__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__replicated_write__free_unpacked
+                     (Entitlements__V1__ReplicatedWrite *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__replicated_write__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor entitlements__v1__product__field_descriptors[4] =
 {
   {
@@ -437,7 +572,7 @@ const ProtobufCMessageDescriptor entitlements__v1__customer_record__descriptor =
   (ProtobufCMessageInit) entitlements__v1__customer_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__snapshot_header__field_descriptors[6] =
+static const ProtobufCFieldDescriptor entitlements__v1__snapshot_header__field_descriptors[7] =
 {
   {
     "format_version",
@@ -511,10 +646,23 @@ static const ProtobufCFieldDescriptor entitlements__v1__snapshot_header__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "fleet_epoch",
+    7,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__SnapshotHeader, fleet_epoch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__snapshot_header__field_indices_by_name[] = {
   4,   /* field[4] = catalog */
   2,   /* field[2] = created_date */
+  6,   /* field[6] = fleet_epoch */
   0,   /* field[0] = format_version */
   5,   /* field[5] = last_log_sequence */
   3,   /* field[3] = record_count */
@@ -523,7 +671,7 @@ static const unsigned entitlements__v1__snapshot_header__field_indices_by_name[]
 static const ProtobufCIntRange entitlements__v1__snapshot_header__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__snapshot_header__descriptor =
 {
@@ -533,14 +681,14 @@ const ProtobufCMessageDescriptor entitlements__v1__snapshot_header__descriptor =
   "Entitlements__V1__SnapshotHeader",
   "entitlements.v1",
   sizeof(Entitlements__V1__SnapshotHeader),
-  6,
+  7,
   entitlements__v1__snapshot_header__field_descriptors,
   entitlements__v1__snapshot_header__field_indices_by_name,
   1,  entitlements__v1__snapshot_header__number_ranges,
   (ProtobufCMessageInit) entitlements__v1__snapshot_header__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__log_record__field_descriptors[8] =
+static const ProtobufCFieldDescriptor entitlements__v1__log_record__field_descriptors[9] =
 {
   {
     "sequence",
@@ -638,6 +786,18 @@ static const ProtobufCFieldDescriptor entitlements__v1__log_record__field_descri
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "replicated_write",
+    22,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__LogRecord, mutation_case),
+    offsetof(Entitlements__V1__LogRecord, replicated_write),
+    &entitlements__v1__replicated_write__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__log_record__field_indices_by_name[] = {
   7,   /* field[7] = delete_customer */
@@ -645,6 +805,7 @@ static const unsigned entitlements__v1__log_record__field_indices_by_name[] = {
   6,   /* field[6] = link_alias */
   2,   /* field[2] = record_transaction */
   1,   /* field[1] = recorded_date */
+  8,   /* field[8] = replicated_write */
   5,   /* field[5] = revoke_grant */
   0,   /* field[0] = sequence */
   3,   /* field[3] = update_subscription_state */
@@ -653,7 +814,7 @@ static const ProtobufCIntRange entitlements__v1__log_record__number_ranges[2 + 1
 {
   { 1, 0 },
   { 16, 2 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__log_record__descriptor =
 {
@@ -663,11 +824,190 @@ const ProtobufCMessageDescriptor entitlements__v1__log_record__descriptor =
   "Entitlements__V1__LogRecord",
   "entitlements.v1",
   sizeof(Entitlements__V1__LogRecord),
-  8,
+  9,
   entitlements__v1__log_record__field_descriptors,
   entitlements__v1__log_record__field_indices_by_name,
   2,  entitlements__v1__log_record__number_ranges,
   (ProtobufCMessageInit) entitlements__v1__log_record__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__customer_change__field_descriptors[2] =
+{
+  {
+    "customer_id",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CustomerChange, customer_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "record",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CustomerChange, record),
+    &entitlements__v1__customer_record__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__customer_change__field_indices_by_name[] = {
+  0,   /* field[0] = customer_id */
+  1,   /* field[1] = record */
+};
+static const ProtobufCIntRange entitlements__v1__customer_change__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__customer_change__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.CustomerChange",
+  "CustomerChange",
+  "Entitlements__V1__CustomerChange",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__CustomerChange),
+  2,
+  entitlements__v1__customer_change__field_descriptors,
+  entitlements__v1__customer_change__field_indices_by_name,
+  1,  entitlements__v1__customer_change__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__customer_change__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__alias_change__field_descriptors[2] =
+{
+  {
+    "alias",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__AliasChange, alias),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "customer_id",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__AliasChange, customer_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__alias_change__field_indices_by_name[] = {
+  0,   /* field[0] = alias */
+  1,   /* field[1] = customer_id */
+};
+static const ProtobufCIntRange entitlements__v1__alias_change__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__alias_change__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.AliasChange",
+  "AliasChange",
+  "Entitlements__V1__AliasChange",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__AliasChange),
+  2,
+  entitlements__v1__alias_change__field_descriptors,
+  entitlements__v1__alias_change__field_indices_by_name,
+  1,  entitlements__v1__alias_change__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__alias_change__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__replicated_write__field_descriptors[4] =
+{
+  {
+    "customer_id",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__ReplicatedWrite, customer_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "created",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__ReplicatedWrite, has_created),
+    offsetof(Entitlements__V1__ReplicatedWrite, created),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "customers",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__ReplicatedWrite, n_customers),
+    offsetof(Entitlements__V1__ReplicatedWrite, customers),
+    &entitlements__v1__customer_change__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "aliases",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__ReplicatedWrite, n_aliases),
+    offsetof(Entitlements__V1__ReplicatedWrite, aliases),
+    &entitlements__v1__alias_change__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__replicated_write__field_indices_by_name[] = {
+  3,   /* field[3] = aliases */
+  1,   /* field[1] = created */
+  0,   /* field[0] = customer_id */
+  2,   /* field[2] = customers */
+};
+static const ProtobufCIntRange entitlements__v1__replicated_write__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__replicated_write__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.ReplicatedWrite",
+  "ReplicatedWrite",
+  "Entitlements__V1__ReplicatedWrite",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__ReplicatedWrite),
+  4,
+  entitlements__v1__replicated_write__field_descriptors,
+  entitlements__v1__replicated_write__field_indices_by_name,
+  1,  entitlements__v1__replicated_write__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__replicated_write__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue entitlements__v1__product_type__enum_values_by_number[4] =

@@ -22,6 +22,9 @@ typedef struct Entitlements__V1__Catalog Entitlements__V1__Catalog;
 typedef struct Entitlements__V1__CustomerRecord Entitlements__V1__CustomerRecord;
 typedef struct Entitlements__V1__SnapshotHeader Entitlements__V1__SnapshotHeader;
 typedef struct Entitlements__V1__LogRecord Entitlements__V1__LogRecord;
+typedef struct Entitlements__V1__CustomerChange Entitlements__V1__CustomerChange;
+typedef struct Entitlements__V1__AliasChange Entitlements__V1__AliasChange;
+typedef struct Entitlements__V1__ReplicatedWrite Entitlements__V1__ReplicatedWrite;
 
 
 /* --- enums --- */
@@ -133,10 +136,15 @@ struct  Entitlements__V1__SnapshotHeader
    */
   protobuf_c_boolean has_last_log_sequence;
   uint64_t last_log_sequence;
+  /*
+   * Fleet mode (docs/fleet.md): the epoch of the PostgreSQL change log whose sequence
+   * numbers last_log_sequence counts. Absent for an embedded server's snapshot.
+   */
+  char *fleet_epoch;
 };
 #define ENTITLEMENTS__V1__SNAPSHOT_HEADER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__snapshot_header__descriptor) \
-    , 0, 0, NULL, 0, 0, 0, 0, NULL, 0, 0 }
+    , 0, 0, NULL, 0, 0, 0, 0, NULL, 0, 0, NULL }
 
 
 typedef enum {
@@ -146,7 +154,8 @@ typedef enum {
   ENTITLEMENTS__V1__LOG_RECORD__MUTATION_GRANT_ENTITLEMENT = 18,
   ENTITLEMENTS__V1__LOG_RECORD__MUTATION_REVOKE_GRANT = 19,
   ENTITLEMENTS__V1__LOG_RECORD__MUTATION_LINK_ALIAS = 20,
-  ENTITLEMENTS__V1__LOG_RECORD__MUTATION_DELETE_CUSTOMER = 21
+  ENTITLEMENTS__V1__LOG_RECORD__MUTATION_DELETE_CUSTOMER = 21,
+  ENTITLEMENTS__V1__LOG_RECORD__MUTATION_REPLICATED_WRITE = 22
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__LOG_RECORD__MUTATION__CASE)
 } Entitlements__V1__LogRecord__MutationCase;
 
@@ -171,11 +180,76 @@ struct  Entitlements__V1__LogRecord
     Entitlements__V1__RevokeGrantRequest *revoke_grant;
     Entitlements__V1__LinkAliasRequest *link_alias;
     Entitlements__V1__DeleteCustomerRequest *delete_customer;
+    /*
+     * Fleet mode: a write made through PostgreSQL, as its change log holds it.
+     */
+    Entitlements__V1__ReplicatedWrite *replicated_write;
   };
 };
 #define ENTITLEMENTS__V1__LOG_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__log_record__descriptor) \
     , 0, 0, 0, 0, ENTITLEMENTS__V1__LOG_RECORD__MUTATION__NOT_SET, {0} }
+
+
+/*
+ * A customer as a write left it.
+ */
+struct  Entitlements__V1__CustomerChange
+{
+  ProtobufCMessage base;
+  char *customer_id;
+  /*
+   * Absent: the write deleted the customer.
+   */
+  Entitlements__V1__CustomerRecord *record;
+};
+#define ENTITLEMENTS__V1__CUSTOMER_CHANGE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__customer_change__descriptor) \
+    , NULL, NULL }
+
+
+/*
+ * An alias and the customer it names after a write.
+ */
+struct  Entitlements__V1__AliasChange
+{
+  ProtobufCMessage base;
+  char *alias;
+  /*
+   * Absent: the alias names nobody now.
+   */
+  char *customer_id;
+};
+#define ENTITLEMENTS__V1__ALIAS_CHANGE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__alias_change__descriptor) \
+    , NULL, NULL }
+
+
+/*
+ * One write's effect: every customer and alias it changed. Fleet mode (docs/fleet.md)
+ * logs this, in PostgreSQL's change_log and in each server's own log, rather than the
+ * request: every server applies exactly what the writing server computed.
+ */
+struct  Entitlements__V1__ReplicatedWrite
+{
+  ProtobufCMessage base;
+  /*
+   * The customer the write named.
+   */
+  char *customer_id;
+  /*
+   * Whether the write created that customer.
+   */
+  protobuf_c_boolean has_created;
+  protobuf_c_boolean created;
+  size_t n_customers;
+  Entitlements__V1__CustomerChange **customers;
+  size_t n_aliases;
+  Entitlements__V1__AliasChange **aliases;
+};
+#define ENTITLEMENTS__V1__REPLICATED_WRITE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__replicated_write__descriptor) \
+    , NULL, 0, 0, 0,NULL, 0,NULL }
 
 
 /* Entitlements__V1__Product methods */
@@ -273,6 +347,63 @@ Entitlements__V1__LogRecord *
 void   entitlements__v1__log_record__free_unpacked
                      (Entitlements__V1__LogRecord *message,
                       ProtobufCAllocator *allocator);
+/* Entitlements__V1__CustomerChange methods */
+void   entitlements__v1__customer_change__init
+                     (Entitlements__V1__CustomerChange         *message);
+size_t entitlements__v1__customer_change__get_packed_size
+                     (const Entitlements__V1__CustomerChange   *message);
+size_t entitlements__v1__customer_change__pack
+                     (const Entitlements__V1__CustomerChange   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__customer_change__pack_to_buffer
+                     (const Entitlements__V1__CustomerChange   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__CustomerChange *
+       entitlements__v1__customer_change__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__customer_change__free_unpacked
+                     (Entitlements__V1__CustomerChange *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__AliasChange methods */
+void   entitlements__v1__alias_change__init
+                     (Entitlements__V1__AliasChange         *message);
+size_t entitlements__v1__alias_change__get_packed_size
+                     (const Entitlements__V1__AliasChange   *message);
+size_t entitlements__v1__alias_change__pack
+                     (const Entitlements__V1__AliasChange   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__alias_change__pack_to_buffer
+                     (const Entitlements__V1__AliasChange   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__AliasChange *
+       entitlements__v1__alias_change__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__alias_change__free_unpacked
+                     (Entitlements__V1__AliasChange *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__ReplicatedWrite methods */
+void   entitlements__v1__replicated_write__init
+                     (Entitlements__V1__ReplicatedWrite         *message);
+size_t entitlements__v1__replicated_write__get_packed_size
+                     (const Entitlements__V1__ReplicatedWrite   *message);
+size_t entitlements__v1__replicated_write__pack
+                     (const Entitlements__V1__ReplicatedWrite   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__replicated_write__pack_to_buffer
+                     (const Entitlements__V1__ReplicatedWrite   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__ReplicatedWrite *
+       entitlements__v1__replicated_write__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__replicated_write__free_unpacked
+                     (Entitlements__V1__ReplicatedWrite *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Entitlements__V1__Product_Closure)
@@ -290,6 +421,15 @@ typedef void (*Entitlements__V1__SnapshotHeader_Closure)
 typedef void (*Entitlements__V1__LogRecord_Closure)
                  (const Entitlements__V1__LogRecord *message,
                   void *closure_data);
+typedef void (*Entitlements__V1__CustomerChange_Closure)
+                 (const Entitlements__V1__CustomerChange *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__AliasChange_Closure)
+                 (const Entitlements__V1__AliasChange *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__ReplicatedWrite_Closure)
+                 (const Entitlements__V1__ReplicatedWrite *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -303,6 +443,9 @@ extern const ProtobufCMessageDescriptor entitlements__v1__catalog__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__customer_record__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__snapshot_header__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__log_record__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__customer_change__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__alias_change__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__replicated_write__descriptor;
 
 PROTOBUF_C__END_DECLS
 

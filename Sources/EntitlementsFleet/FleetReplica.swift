@@ -1,0 +1,78 @@
+public import EntitlementsStore
+public import Logging
+
+/// One server's part of a fleet (docs/fleet.md): its data directory, opened from the
+/// shared database's change log, its writes sent to that database, and the tailer that
+/// keeps it current. `serve --postgres` runs one; tests run several in one process.
+public final class FleetReplica: Sendable {
+    public struct Configuration: Sendable {
+        public var tailer: FleetTailer.Configuration
+        /// How long a write waits after COMMIT for this server to apply it.
+        public var writeWait: Duration
+        public var storeOptions: CustomerStore.Options
+
+        public init(tailer: FleetTailer.Configuration = .init(), writeWait: Duration = .seconds(1), storeOptions: CustomerStore.Options = .init()) {
+            self.tailer = tailer
+            self.writeWait = writeWait
+            self.storeOptions = storeOptions
+        }
+    }
+
+    public let store: CustomerStore
+    public let tailer: FleetTailer
+    public let database: FleetDatabase
+    /// What opening the data directory did (continued, seeded, exported), for the log.
+    public let startup: String
+    public let openReport: CustomerStore.OpenReport
+
+    private init(store: CustomerStore, tailer: FleetTailer, database: FleetDatabase, startup: String, openReport: CustomerStore.OpenReport) {
+        self.store = store
+        self.tailer = tailer
+        self.database = database
+        self.startup = startup
+        self.openReport = openReport
+    }
+
+    /// Checks the database's schema, opens the data directory (or starts it afresh from
+    /// `seed` or an export), and sends the store's writes to the database. The tailer is
+    /// not running yet: run ``FleetTailer/run()``.
+    public static func open(
+        url: FleetDatabaseURL,
+        dataDirectory: String,
+        seed: String?,
+        configuration: Configuration = Configuration(),
+        logger: Logger,
+        now: Int64
+    ) async throws -> FleetReplica {
+        let database = FleetDatabase(url: url, logger: logger)
+        do {
+            try await FleetSchema.check(database)
+            let (store, report, startup) = try await FleetSnapshot.openStore(
+                dataDirectory: dataDirectory,
+                seed: seed,
+                database: database,
+                options: configuration.storeOptions,
+                now: now
+            )
+            let tailer = FleetTailer(database: database, store: store, configuration: configuration.tailer, logger: logger)
+            // Before any listener opens: no write may reach the local log directly, whose
+            // sequence numbers are the change log's.
+            store.forwardWrites(
+                to: FleetWriter(database: database, catalog: store.catalog) { _ in tailer.poke() },
+                applyWait: configuration.writeWait
+            )
+            return FleetReplica(store: store, tailer: tailer, database: database, startup: startup, openReport: report)
+        } catch {
+            await database.close()
+            throw error
+        }
+    }
+
+    /// Stops the store's log and closes the database connections (the tailer must have
+    /// stopped).
+    public func close() async {
+        self.store.close()
+        self.store.unlock()
+        await self.database.close()
+    }
+}

@@ -1,0 +1,180 @@
+import Logging
+import PostgresNIO
+
+/// The PostgreSQL schema of fleet mode, as numbered migrations (docs/fleet.md, "Schema").
+///
+/// `entitlements db migrate` applies the missing ones in one transaction under an advisory
+/// lock, so many pods may run it at once: the first applies, the others wait and find
+/// nothing to do. A database whose schema is newer than this binary's is refused, not
+/// touched.
+public enum FleetSchema {
+    /// The newest schema version this binary knows.
+    public static var currentVersion: Int { Self.migrations.count }
+
+    /// The key of the advisory lock migrations hold (an arbitrary constant: "ENTL").
+    static let migrationLock: Int64 = 0x454E_544C
+
+    /// Each migration: its statements, run in order in one transaction. Never edit one
+    /// that has shipped; add the next.
+    static let migrations: [[String]] = [
+        // 1: the domain tables, the catalog, and the change log with its head row.
+        [
+            """
+            CREATE TABLE catalog (
+                id boolean PRIMARY KEY DEFAULT true CHECK (id),
+                catalog bytea NOT NULL
+            )
+            """,
+            // The customer's full record (storage.proto CustomerRecord) is what writes are
+            // computed against; the tables after it are the same data in columns, kept in
+            // the same transaction, for people and reports to query.
+            """
+            CREATE TABLE customers (
+                customer_id text PRIMARY KEY,
+                record bytea NOT NULL,
+                last_seq bigint NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE aliases (
+                alias text PRIMARY KEY,
+                customer_id text NOT NULL REFERENCES customers ON DELETE CASCADE
+            )
+            """,
+            "CREATE INDEX aliases_customer ON aliases (customer_id)",
+            """
+            CREATE TABLE transactions (
+                customer_id text NOT NULL REFERENCES customers ON DELETE CASCADE,
+                store smallint NOT NULL,
+                transaction_id text NOT NULL,
+                original_transaction_id text,
+                product_id text,
+                type smallint,
+                environment smallint,
+                transaction_date bigint,
+                expiration_date bigint,
+                revocation_date bigint,
+                PRIMARY KEY (customer_id, store, transaction_id)
+            )
+            """,
+            """
+            CREATE TABLE subscription_states (
+                customer_id text NOT NULL REFERENCES customers ON DELETE CASCADE,
+                store smallint NOT NULL,
+                original_transaction_id text NOT NULL,
+                auto_renew_enabled boolean NOT NULL,
+                billing_issue_detected_date bigint,
+                grace_period_expiration_date bigint,
+                is_in_billing_retry boolean NOT NULL,
+                PRIMARY KEY (customer_id, store, original_transaction_id)
+            )
+            """,
+            """
+            CREATE TABLE grants (
+                customer_id text NOT NULL REFERENCES customers ON DELETE CASCADE,
+                grant_id text NOT NULL,
+                entitlement_id text,
+                granted_date bigint,
+                expiration_date bigint,
+                revoked_date bigint,
+                PRIMARY KEY (customer_id, grant_id)
+            )
+            """,
+            // One row. seq is taken with UPDATE ... RETURNING: the row lock is held to
+            // COMMIT, so sequence numbers become visible in order with no gaps. epoch names
+            // this history of sequence numbers (a restore that reuses them gets a new one).
+            """
+            CREATE TABLE change_head (
+                id boolean PRIMARY KEY DEFAULT true CHECK (id),
+                epoch uuid NOT NULL,
+                seq bigint NOT NULL
+            )
+            """,
+            "INSERT INTO change_head (epoch, seq) VALUES (gen_random_uuid(), 0)",
+            // Append-only: one row per write, its effect (storage.proto ReplicatedWrite).
+            """
+            CREATE TABLE change_log (
+                seq bigint PRIMARY KEY,
+                customer_id text NOT NULL,
+                record bytea NOT NULL,
+                committed_at timestamptz NOT NULL DEFAULT now()
+            )
+            """,
+        ]
+    ]
+
+    /// What a migration run did.
+    public struct MigrationReport: Sendable {
+        public var from: Int
+        public var to: Int
+    }
+
+    /// Creates or upgrades the schema to ``currentVersion``.
+    public static func migrate(_ database: FleetDatabase) async throws -> MigrationReport {
+        do {
+            // Other pods' migrations may hold the lock a while: a generous limit.
+            return try await database.withTransaction(timeout: .seconds(600)) { connection in
+                try await connection.query("SELECT pg_advisory_xact_lock(\(Self.migrationLock))", logger: database.logger)
+                try await connection.query(
+                    "CREATE TABLE IF NOT EXISTS entitlements_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+                    logger: database.logger
+                )
+                let from = try await Self.version(on: connection, logger: database.logger)
+                guard from <= Self.currentVersion else {
+                    throw Self.newer(from)
+                }
+                for version in (from + 1)...max(from + 1, Self.currentVersion) where version <= Self.currentVersion {
+                    for statement in Self.migrations[version - 1] {
+                        try await connection.query(PostgresQuery(unsafeSQL: statement), logger: database.logger)
+                    }
+                    try await connection.query("INSERT INTO entitlements_schema (version) VALUES (\(version))", logger: database.logger)
+                }
+                return MigrationReport(from: from, to: Self.currentVersion)
+            }
+        } catch let error as FleetError {
+            throw error
+        } catch {
+            throw FleetError(.database, "db migrate failed, nothing was changed: \(FleetError.describe(error))")
+        }
+    }
+
+    /// Checks that the database has exactly this binary's schema (what `serve` needs).
+    public static func check(_ database: FleetDatabase) async throws {
+        let version = try await database.withConnection { connection in
+            try await Self.version(on: connection, logger: database.logger)
+        }
+        if version > Self.currentVersion {
+            throw Self.newer(version)
+        }
+        if version < Self.currentVersion {
+            throw FleetError(
+                .schema,
+                "the database at \(database.url) has schema version \(version), this binary needs \(Self.currentVersion): run `entitlements db migrate --postgres URL` first"
+            )
+        }
+    }
+
+    private static func newer(_ version: Int) -> FleetError {
+        FleetError(
+            .schema,
+            "the database has schema version \(version), newer than this binary's \(Self.currentVersion): upgrade entitlements (nothing was changed)"
+        )
+    }
+
+    /// The applied version: 0 for a database without the schema table.
+    static func version(on connection: PostgresConnection, logger: Logger) async throws -> Int {
+        let exists = try await connection.query("SELECT to_regclass('entitlements_schema') IS NOT NULL", logger: logger)
+        var found = false
+        for try await value in exists.decode(Bool.self) {
+            found = value
+        }
+        guard found else {
+            return 0
+        }
+        var version = 0
+        for try await value in try await connection.query("SELECT coalesce(max(version), 0) FROM entitlements_schema", logger: logger).decode(Int32.self) {
+            version = Int(value)
+        }
+        return version
+    }
+}

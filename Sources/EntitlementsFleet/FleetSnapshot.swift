@@ -1,0 +1,221 @@
+public import EntitlementsMessages
+import EntitlementsResolver
+public import EntitlementsStore
+import Logging
+import NIOCore
+import PostgresNIO
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Snapshots in and out of PostgreSQL (docs/fleet.md, "Bootstrap").
+public enum FleetSnapshot {
+    /// What an export wrote.
+    public struct ExportReport: Sendable {
+        public var epoch: String
+        public var sequence: UInt64
+        public var customers: UInt64
+    }
+
+    /// Writes every customer to a snapshot file at `path`, as of one moment: one REPEATABLE
+    /// READ transaction, so the file holds exactly the writes up to the `change_head`
+    /// sequence it read, and is stamped with that sequence and the epoch.
+    public static func export(_ database: FleetDatabase, to path: String, now: Int64) async throws -> ExportReport {
+        let logger = database.logger
+        do {
+            return try await database.withTransaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", timeout: .seconds(3_600)) { connection in
+                let (epoch, sequence) = try await FleetTailer.head(on: connection, logger: logger)
+                let catalog = try await Self.catalog(on: connection, logger: logger)
+                var writer = try SnapshotWriter(path: path, catalog: catalog, createdDate: now, lastLogSequence: sequence, fleetEpoch: epoch)
+                let rows = try await connection.query("SELECT record FROM customers", logger: logger)
+                for try await bytes in rows.decode(ByteBuffer.self) {
+                    try writer.append(try CustomerRecord(buffer: bytes))
+                }
+                let count = writer.recordCount
+                try writer.finish(hotList: [])
+                return ExportReport(epoch: epoch, sequence: sequence, customers: count)
+            }
+        } catch let error as FleetError {
+            throw error
+        } catch let error as SnapshotError {
+            throw error
+        } catch {
+            throw FleetError(.database, "snapshot export failed (no file was written): \(FleetError.describe(error))")
+        }
+    }
+
+    /// The catalog the database holds.
+    static func catalog(on connection: PostgresConnection, logger: Logger) async throws -> Catalog {
+        for try await bytes in try await connection.query("SELECT catalog FROM catalog", logger: logger).decode(ByteBuffer.self) {
+            return try Catalog(buffer: bytes)
+        }
+        throw FleetError(.schema, "the database has no catalog yet: load one with `entitlements db import --postgres URL --snapshot FILE`")
+    }
+
+    /// Loads a snapshot file into an empty fleet database (its catalog and customers): how
+    /// an embedded deployment moves to fleet mode. Refused if the database already holds
+    /// customers or writes. Returns the customers loaded.
+    public static func importSnapshot(_ database: FleetDatabase, from path: String) async throws -> UInt64 {
+        let snapshot = try SnapshotReader(path: path)
+        let logger = database.logger
+        do {
+            return try await database.withTransaction(timeout: .seconds(3_600)) { connection in
+                // One import at a time, and none over a database that already has data.
+                try await connection.query("LOCK TABLE customers, change_head IN EXCLUSIVE MODE", logger: logger)
+                var existing: Int64 = 0
+                for try await count in try await connection.query("SELECT (SELECT count(*) FROM customers) + (SELECT seq FROM change_head)", logger: logger).decode(Int64.self) {
+                    existing = count
+                }
+                guard existing == 0 else {
+                    throw FleetError(.database, "the database already holds customers or writes; db import loads only an empty one (nothing was changed)")
+                }
+                var catalogBytes = ByteBuffer()
+                try snapshot.catalog.serialize(into: &catalogBytes)
+                try await connection.query(
+                    "INSERT INTO catalog (catalog) VALUES (\(catalogBytes)) ON CONFLICT (id) DO UPDATE SET catalog = EXCLUDED.catalog",
+                    logger: logger
+                )
+                var records: [CustomerRecord] = []
+                try snapshot.forEachRecord { record, _ in records.append(record) }
+                for record in records {
+                    try await FleetWriter.upsert(record, on: connection, logger: logger)
+                    let aliases = record.aliases
+                    if let id = record.id, !aliases.isEmpty {
+                        try await connection.query(
+                            "INSERT INTO aliases (alias, customer_id) SELECT unnest(\(aliases)::text[]), \(id)",
+                            logger: logger
+                        )
+                    }
+                }
+                return UInt64(records.count)
+            }
+        } catch let error as FleetError {
+            throw error
+        } catch {
+            throw FleetError(.database, "db import failed, nothing was changed: \(FleetError.describe(error))")
+        }
+    }
+
+    /// Opens a fleet server's data directory (docs/fleet.md, "Start-up"): keeps it if its
+    /// snapshot is of the database's epoch and its log can continue from the change log;
+    /// otherwise starts it afresh from `seed` (an exported file of the same epoch, recent
+    /// enough) or from an export streamed from PostgreSQL. Returns the store and what was
+    /// done, in words for the log.
+    public static func openStore(
+        dataDirectory directory: String,
+        seed: String?,
+        database: FleetDatabase,
+        options: CustomerStore.Options,
+        now: Int64
+    ) async throws -> (CustomerStore, CustomerStore.OpenReport, String) {
+        let (epoch, head, oldest) = try await database.withConnection { connection in
+            let (epoch, head) = try await FleetTailer.head(on: connection, logger: database.logger)
+            var oldest: UInt64 = head + 1
+            for try await value in try await connection.query("SELECT min(seq) FROM change_log", logger: database.logger).decode(Int64?.self) {
+                oldest = value.map { UInt64($0) } ?? head + 1
+            }
+            return (epoch, head, oldest)
+        }
+        /// Why a snapshot (with the log after it, up to `applied`) cannot continue from
+        /// the change log; nil if it can.
+        let unusable = { (header: SnapshotHeader, applied: UInt64) -> String? in
+            guard header.fleetEpoch == epoch else {
+                return "its data is from epoch \(header.fleetEpoch ?? "none (an embedded server's)"), the database's is \(epoch)"
+            }
+            guard applied + 1 >= oldest else {
+                return "it has applied up to \(applied), but the change log now starts at \(oldest) (pruned)"
+            }
+            guard applied <= head else {
+                return "it has applied up to \(applied), past the database's head \(head)"
+            }
+            return nil
+        }
+        let snapshotPath = "\(directory)/\(CustomerStore.snapshotFileName)"
+        var reason = "a new data directory"
+        if access(snapshotPath, F_OK) == 0 {
+            let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil, options: options)
+            guard let why = unusable(store.snapshot.header, store.committedSequence) else {
+                return (store, report, "fleet: continuing from the data directory at sequence \(store.committedSequence) (the change log's head is \(head))")
+            }
+            store.close()
+            store.unlock()
+            try Self.clear(directory)
+            reason = "the data directory cannot continue (\(why)), so it starts afresh"
+        }
+        let done = try await Self.fresh(directory: directory, seed: seed, database: database, now: now, unusable: unusable, reason: reason)
+        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil, options: options)
+        return (store, report, done)
+    }
+
+    private static func fresh(
+        directory: String,
+        seed: String?,
+        database: FleetDatabase,
+        now: Int64,
+        unusable: (SnapshotHeader, UInt64) -> String?,
+        reason: String
+    ) async throws -> String {
+        if mkdir(directory, 0o755) != 0, errno != EEXIST {
+            throw SnapshotError(code: .io, path: directory, reason: "cannot create the data directory: \(String(cString: strerror(errno)))")
+        }
+        let snapshotPath = "\(directory)/\(CustomerStore.snapshotFileName)"
+        if let seed {
+            let file = try SnapshotReader(path: seed)
+            if let why = unusable(file.header, file.header.lastLogSequence ?? 0) {
+                // Defined behaviour for a file from another epoch: not used, said why.
+                let report = try await Self.export(database, to: snapshotPath, now: now)
+                return "fleet: \(reason); --snapshot \(seed) is not used (\(why)); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)"
+            }
+            let bytes = try Self.readAll(seed)
+            try Self.writeAll(bytes, to: snapshotPath)
+            return "fleet: \(reason); seeded from \(seed) at sequence \(file.header.lastLogSequence ?? 0)"
+        }
+        let report = try await Self.export(database, to: snapshotPath, now: now)
+        return "fleet: \(reason); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)"
+    }
+
+    /// Removes a data directory's snapshot and log (a replica: PostgreSQL holds the truth).
+    static func clear(_ directory: String) throws {
+        let logDirectory = "\(directory)/\(CustomerStore.logDirectoryName)"
+        if let handle = opendir(logDirectory) {
+            while let entry = readdir(handle) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                if name != ".", name != ".." {
+                    unlink("\(logDirectory)/\(name)")
+                }
+            }
+            closedir(handle)
+        }
+        unlink("\(directory)/\(CustomerStore.snapshotFileName)")
+    }
+
+    private static func readAll(_ path: String) throws -> [UInt8] {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw SnapshotError(code: .io, path: path, reason: "cannot open: \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            guard count >= 0 else { throw SnapshotError(code: .io, path: path, reason: "cannot read: \(String(cString: strerror(errno)))") }
+            if count == 0 { return bytes }
+            bytes += chunk[0..<count]
+        }
+    }
+
+    private static func writeAll(_ bytes: [UInt8], to path: String) throws {
+        let temporary = "\(path).tmp-seed"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw SnapshotError(code: .io, path: temporary, reason: "cannot create: \(String(cString: strerror(errno)))") }
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        guard written == bytes.count, fsync(fd) == 0 else {
+            close(fd)
+            throw SnapshotError(code: .io, path: temporary, reason: "cannot write: \(String(cString: strerror(errno)))")
+        }
+        close(fd)
+        guard rename(temporary, path) == 0 else {
+            throw SnapshotError(code: .io, path: path, reason: "cannot rename into place: \(String(cString: strerror(errno)))")
+        }
+    }
+}

@@ -1,0 +1,269 @@
+import Dispatch
+public import EntitlementsStore
+import EntitlementsMessages
+public import Logging
+import NIOCore
+import PostgresNIO
+import Synchronization
+
+/// Follows PostgreSQL's change log into the local store (docs/fleet.md, "Tail"): polls
+/// `seq > cursor ORDER BY seq` every ``Configuration/pollInterval``, and at once when a
+/// NOTIFY arrives on a dedicated LISTEN connection or a write through this server commits.
+/// Each row is applied as a local write is (logged under its sequence, made visible,
+/// cached answers dropped, watchers told), in sequence order. The cursor is the local
+/// log's last sequence, so it survives a restart with the data directory.
+public final class FleetTailer: Sendable {
+    public struct Configuration: Sendable {
+        /// How often the change log is polled when no NOTIFY arrives.
+        public var pollInterval: Duration
+        /// Rows read per query.
+        public var batchSize: Int
+        /// Whether to LISTEN for the writers' NOTIFY (off: polling only).
+        public var listen: Bool
+
+        public init(pollInterval: Duration = .milliseconds(250), batchSize: Int = 1_000, listen: Bool = true) {
+            self.pollInterval = pollInterval
+            self.batchSize = batchSize
+            self.listen = listen
+        }
+    }
+
+    /// What the tailer knows now (for /readyz, /metrics and logs).
+    public struct Status: Sendable {
+        /// The last sequence applied here.
+        public var appliedSequence: UInt64 = 0
+        /// The head of the change log at the last successful poll.
+        public var headSequence: UInt64 = 0
+        /// When the last poll succeeded (Unix milliseconds); nil before the first.
+        public var lastSuccessfulPoll: Int64?
+        /// Why the last poll failed, if it did.
+        public var lastError: String?
+        /// Polls that failed in a row.
+        public var failuresInARow = 0
+    }
+
+    private let database: FleetDatabase
+    private let store: CustomerStore
+    public let configuration: Configuration
+    private let logger: Logger
+    private let wakeup = Wakeup()
+    private let state: Mutex<Status>
+
+    public init(database: FleetDatabase, store: CustomerStore, configuration: Configuration = Configuration(), logger: Logger) {
+        self.database = database
+        self.store = store
+        self.configuration = configuration
+        self.logger = logger
+        self.state = Mutex(Status(appliedSequence: store.committedSequence))
+    }
+
+    public var status: Status { self.state.withLock { $0 } }
+
+    /// Polls now (a write through this server committed, or a NOTIFY came).
+    public func poke() {
+        self.wakeup.signal()
+    }
+
+    /// Tails until cancelled. Throws a ``FleetError`` of kind `.rebootstrap` when the
+    /// change log can no longer be followed from here (another epoch, or rows pruned past
+    /// the cursor): the server must start again from a snapshot.
+    public func run() async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            if self.configuration.listen {
+                group.addTask { await self.listenLoop() }
+            }
+            group.addTask { try await self.pollLoop() }
+            defer { group.cancelAll() }
+            try await group.next()
+        }
+    }
+
+    private func pollLoop() async throws {
+        while !Task.isCancelled {
+            do {
+                try await self.catchUp()
+            } catch let error as FleetError where error.kind == .rebootstrap {
+                self.state.withLock { $0.lastError = error.message }
+                throw error
+            } catch let gap as ReplicationGap {
+                let error = FleetError(.rebootstrap, "\(gap)")
+                self.state.withLock { $0.lastError = error.message }
+                throw error
+            } catch {
+                if Task.isCancelled {
+                    return
+                }
+                let message = FleetError.describe(error)
+                let first = self.state.withLock { status -> Bool in
+                    status.lastError = message
+                    status.failuresInARow += 1
+                    return status.failuresInARow == 1
+                }
+                if first {
+                    self.logger.warning("fleet: polling the change log failed; serving what is applied until PostgreSQL answers again", metadata: ["fleet.error": "\(message)"])
+                }
+            }
+            await self.wakeup.wait(timeout: self.configuration.pollInterval)
+        }
+    }
+
+    /// Applies every row after the cursor.
+    func catchUp() async throws {
+        while true {
+            let cursor = self.store.committedSequence
+            let epoch = self.store.snapshot.header.fleetEpoch
+            let batch = try await self.database.withConnection { connection -> (head: UInt64, rows: [CustomerStore.ReplicatedEntry]) in
+                let (headEpoch, head) = try await Self.head(on: connection, logger: self.logger)
+                guard headEpoch == epoch else {
+                    throw FleetError(
+                        .rebootstrap,
+                        "the database's change log is epoch \(headEpoch), this server's data is from epoch \(epoch ?? "none") (a restore or failover started a new history)"
+                    )
+                }
+                guard head > cursor else {
+                    if head < cursor {
+                        throw FleetError(.rebootstrap, "the database's change log ends at \(head), but this server has applied up to \(cursor) of the same epoch")
+                    }
+                    return (head, [])
+                }
+                let rows = try await connection.query(
+                    """
+                    SELECT seq, record, (extract(epoch FROM committed_at) * 1000)::bigint FROM change_log
+                    WHERE seq > \(Int64(cursor)) ORDER BY seq LIMIT \(Int64(self.configuration.batchSize))
+                    """,
+                    logger: self.logger
+                )
+                var entries: [CustomerStore.ReplicatedEntry] = []
+                for try await (sequence, bytes, committed) in rows.decode((Int64, ByteBuffer, Int64).self) {
+                    entries.append(CustomerStore.ReplicatedEntry(
+                        sequence: UInt64(sequence),
+                        write: try ReplicatedWrite(buffer: bytes),
+                        recordedDate: committed
+                    ))
+                }
+                return (head, entries)
+            }
+            if let first = batch.rows.first, first.sequence != cursor + 1 {
+                throw FleetError(
+                    .rebootstrap,
+                    "the change log's rows after \(cursor) start at \(first.sequence): rows \(cursor + 1) to \(first.sequence - 1) were pruned while this server was behind"
+                )
+            }
+            if batch.rows.isEmpty, batch.head > cursor {
+                throw FleetError(.rebootstrap, "the change log's head is \(batch.head) but it holds no row after \(cursor): pruned while this server was behind")
+            }
+            try await self.store.applyReplicated(batch.rows)
+            let applied = self.store.committedSequence
+            let recovered = self.state.withLock { status -> Bool in
+                status.appliedSequence = applied
+                status.headSequence = batch.head
+                status.lastSuccessfulPoll = WallClockMilliseconds.now
+                status.lastError = nil
+                defer { status.failuresInARow = 0 }
+                return status.failuresInARow > 0
+            }
+            if recovered {
+                self.logger.notice("fleet: polling the change log works again", metadata: ["fleet.applied": "\(applied)"])
+            }
+            if batch.rows.count < self.configuration.batchSize || applied >= batch.head {
+                return
+            }
+        }
+    }
+
+    /// The change log's epoch and last sequence.
+    static func head(on connection: PostgresConnection, logger: Logger) async throws -> (String, UInt64) {
+        let rows = try await connection.query("SELECT epoch::text, seq FROM change_head", logger: logger)
+        for try await (epoch, sequence) in rows.decode((String, Int64).self) {
+            return (epoch, UInt64(sequence))
+        }
+        throw FleetError(.schema, "change_head has no row: run `entitlements db migrate`")
+    }
+
+    /// LISTENs on a connection of its own and pokes the poller on each NOTIFY; after a
+    /// lost connection it reconnects (and the poller polls first, as it does every
+    /// interval anyway).
+    private func listenLoop() async {
+        while !Task.isCancelled {
+            do {
+                let connection = try await self.database.connect()
+                do {
+                    try await connection.listen(on: FleetWriter.notifyChannel) { notifications in
+                        // Whatever was committed before LISTEN took effect is found by polling.
+                        self.poke()
+                        for try await _ in notifications {
+                            self.poke()
+                        }
+                    }
+                } catch {
+                    if !Task.isCancelled {
+                        self.logger.debug("fleet: the LISTEN connection ended", metadata: ["fleet.error": "\(FleetError.describe(error))"])
+                    }
+                }
+                try? await connection.close()
+            } catch {
+                // PostgreSQL unreachable: polling reports it; try again after an interval.
+            }
+            try? await Task.sleep(for: self.configuration.pollInterval)
+        }
+    }
+}
+
+/// The wall clock in Unix milliseconds.
+enum WallClockMilliseconds {
+    static var now: Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return Int64(time.tv_sec) * 1_000 + Int64(time.tv_nsec) / 1_000_000
+    }
+}
+
+/// Wakes one waiter early; a signal with nobody waiting is kept for the next wait.
+final class Wakeup: Sendable {
+    private struct State {
+        var pending = false
+        var waiter: (id: UInt64, continuation: CheckedContinuation<Void, Never>)?
+        var nextId: UInt64 = 0
+    }
+
+    private let state = Mutex(State())
+
+    func signal() {
+        let waiter = self.state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard let waiter = state.waiter else {
+                state.pending = true
+                return nil
+            }
+            state.waiter = nil
+            return waiter.continuation
+        }
+        waiter?.resume()
+    }
+
+    func wait(timeout: Duration) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let id = self.state.withLock { state -> UInt64? in
+                if state.pending {
+                    state.pending = false
+                    return nil
+                }
+                state.nextId += 1
+                state.waiter = (state.nextId, continuation)
+                return state.nextId
+            }
+            guard let id else {
+                continuation.resume()
+                return
+            }
+            let nanoseconds = timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) {
+                let timedOut = self.state.withLock { state -> CheckedContinuation<Void, Never>? in
+                    guard let waiter = state.waiter, waiter.id == id else { return nil }
+                    state.waiter = nil
+                    return waiter.continuation
+                }
+                timedOut?.resume()
+            }
+        }
+    }
+}

@@ -1,0 +1,335 @@
+import EntitlementsFleet
+import EntitlementsMessages
+import EntitlementsStore
+import Foundation
+import Logging
+import NIOCore
+import Testing
+
+/// A world for fleet tests: PostgreSQL with the schema and a small catalog and customers
+/// imported, and helpers to open servers' replicas on it.
+final class FleetWorld: @unchecked Sendable {
+    // @unchecked: set once in init, then only read.
+    static let day: Int64 = 86_400_000
+    static let catalog = Catalog(products: [
+        Product(id: "monthly", type: .subscription, period: .monthly, entitlements: ["premium"]),
+    ])
+
+    let postgres: PostgresServer
+    let scratch: String
+    let logger = Logger(label: "fleet-test")
+    let now = Int64(Date().timeIntervalSince1970 * 1000)
+
+    init(customers: [String] = ["alice", "bob"]) async throws {
+        self.postgres = try PostgresServer()
+        self.scratch = NSTemporaryDirectory() + "fleet-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: self.scratch, withIntermediateDirectories: true)
+        let seed = self.scratch + "/seed.snap"
+        var writer = try SnapshotWriter(path: seed, catalog: Self.catalog, createdDate: self.now)
+        for id in customers {
+            try writer.append(CustomerRecord(id: id, aliases: ["anon-\(id)"]))
+        }
+        try writer.finish(hotList: [])
+        let database = self.database()
+        _ = try await FleetSchema.migrate(database)
+        _ = try await FleetSnapshot.importSnapshot(database, from: seed)
+        await database.close()
+    }
+
+    deinit {
+        try? FileManager.default.removeItem(atPath: self.scratch)
+    }
+
+    func database() -> FleetDatabase {
+        FleetDatabase(url: self.postgres.databaseURL, logger: self.logger)
+    }
+
+    /// Opens a server's replica on data directory `name`; its tailer runs in `tasks`.
+    func replica(_ name: String, seed: String? = nil, listen: Bool = true, poll: Duration = .milliseconds(100)) async throws -> FleetReplica {
+        try await FleetReplica.open(
+            url: self.postgres.databaseURL,
+            dataDirectory: self.scratch + "/" + name,
+            seed: seed,
+            configuration: .init(tailer: .init(pollInterval: poll, listen: listen), writeWait: .seconds(2)),
+            logger: self.logger,
+            now: self.now
+        )
+    }
+
+    static func grant(_ user: String, _ id: String, expires: Int64? = nil) -> LogRecord.Mutation {
+        .grantEntitlement(GrantEntitlementRequest(userId: user, grant: Grant(grantId: id, entitlementId: "premium", expirationDate: expires)))
+    }
+}
+
+extension CustomerStore {
+    func write(_ mutation: LogRecord.Mutation, now: Int64) async throws -> WriteOutcome {
+        try await withCheckedThrowingContinuation { continuation in
+            self.write(mutation, now: now) { continuation.resume(with: $0) }
+        }
+    }
+
+    func grantIds(_ user: String) throws -> [String] {
+        (try self.customer(for: user)?.grants.compactMap(\.grantId) ?? []).sorted()
+    }
+}
+
+/// Runs `replica`'s tailer for the duration of `body`.
+func tailing<T: Sendable>(_ replicas: [FleetReplica], _ body: () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for replica in replicas {
+            group.addTask { try await replica.tailer.run() }
+        }
+        defer { group.cancelAll() }
+        return try await body()
+    }
+}
+
+@Suite("fleet database URL")
+struct FleetDatabaseURLTests {
+    @Test("a URL is parsed; its password is never printed")
+    func parses() throws {
+        let url = try FleetDatabaseURL("postgres://app:s%40cret@db.internal:6432/entitlements")
+        #expect(url.host == "db.internal" && url.port == 6432 && url.username == "app" && url.password == "s@cret" && url.database == "entitlements")
+        #expect("\(url)" == "postgres://app:***@db.internal:6432/entitlements")
+        let v6 = try FleetDatabaseURL("postgresql://app@[::1]/e")
+        #expect(v6.host == "::1" && v6.port == 5432 && v6.password == nil)
+    }
+
+    @Test("a bad URL says what is wrong", arguments: [
+        ("mysql://a@b/c", "must start with postgres://"),
+        ("postgres://db:5432/x", "no user name"),
+        ("postgres://a@db:99999/x", "the port is not a number"),
+        ("postgres://a@/x", "the host is empty"),
+    ])
+    func refuses(text: String, message: String) {
+        #expect {
+            _ = try FleetDatabaseURL(text)
+        } throws: { error in
+            "\(error)".contains(message) && "\(error)".contains("expected postgres://")
+        }
+    }
+}
+
+@Suite("fleet mode on a real PostgreSQL", .serialized)
+struct FleetTests {
+    @Test("db migrate is idempotent and safe to run at once from many pods; a newer schema is refused")
+    func migrations() async throws {
+        let postgres = try PostgresServer()
+        let database = FleetDatabase(url: postgres.databaseURL, logger: Logger(label: "t"))
+        // Four at once: one applies, the others wait on the advisory lock and find it done.
+        let reports = try await withThrowingTaskGroup(of: FleetSchema.MigrationReport.self) { group in
+            for _ in 0..<4 {
+                group.addTask {
+                    let own = FleetDatabase(url: postgres.databaseURL, logger: Logger(label: "t"))
+                    defer { Task { await own.close() } }
+                    return try await FleetSchema.migrate(own)
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(reports.filter { $0.from == 0 }.count == 1)
+        #expect(reports.allSatisfy { $0.to == FleetSchema.currentVersion })
+        try await FleetSchema.check(database)
+        #expect(try postgres.sql("SELECT count(*) FROM change_head") == "1")
+
+        try postgres.sql("INSERT INTO entitlements_schema (version) VALUES (99)")
+        await #expect {
+            try await FleetSchema.migrate(database)
+        } throws: { error in
+            "\(error)".contains("schema version 99, newer than this binary's \(FleetSchema.currentVersion)")
+        }
+        await #expect {
+            try await FleetSchema.check(database)
+        } throws: { error in
+            "\(error)".contains("upgrade entitlements")
+        }
+        await database.close()
+    }
+
+    @Test("an unreachable database and a wrong password are refused with messages a person can act on")
+    func unreachable() async throws {
+        let postgres = try PostgresServer()
+        let nobody = try PostgresServer.freePort()
+        let closed = FleetDatabase(url: try FleetDatabaseURL("postgres://postgres:x@127.0.0.1:\(nobody)/postgres"), logger: Logger(label: "t"))
+        await #expect {
+            try await FleetSchema.check(closed)
+        } throws: { error in
+            (error as? FleetError)?.kind == .unreachable && "\(error)".contains("cannot connect to PostgreSQL at postgres://postgres:***@127.0.0.1:\(nobody)/postgres")
+        }
+        let wrong = FleetDatabase(url: try FleetDatabaseURL("postgres://postgres:wrong@127.0.0.1:\(postgres.port)/postgres"), logger: Logger(label: "t"))
+        await #expect {
+            try await FleetSchema.check(wrong)
+        } throws: { error in
+            "\(error)".contains("password authentication failed") && !"\(error)".contains("wrong")
+        }
+        let empty = FleetDatabase(url: postgres.databaseURL, logger: Logger(label: "t"))
+        await #expect {
+            try await FleetSchema.check(empty)
+        } throws: { error in
+            "\(error)".contains("run `entitlements db migrate --postgres URL` first")
+        }
+        await empty.close()
+    }
+
+    @Test("two servers on one database: a write through A is applied on B in sequence order; a retry takes no new sequence")
+    func twoServers() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        let b = try await world.replica("b")
+        try await tailing([a, b]) {
+            let first = try await a.store.write(FleetWorld.grant("anon-alice", "g1"), now: world.now)
+            #expect(first.changed && first.customerId == "alice" && first.sequence == 1)
+            // A reads its own write at once: the write waited until A applied it.
+            #expect(try a.store.grantIds("alice") == ["g1"])
+            let second = try await a.store.write(FleetWorld.grant("bob", "g2"), now: world.now)
+            #expect(second.sequence == 2)
+            #expect(await b.store.waitUntilApplied(2, timeout: .seconds(20)))
+            #expect(try b.store.grantIds("anon-alice") == ["g1"] && b.store.grantIds("bob") == ["g2"])
+
+            // The same grant again changes nothing: no new sequence, the customer's last one.
+            let retry = try await b.store.write(FleetWorld.grant("alice", "g1"), now: world.now)
+            #expect(!retry.changed && retry.sequence == 1)
+            #expect(try world.postgres.sql("SELECT seq FROM change_head") == "2")
+            // The domain tables hold the same data in columns.
+            #expect(try world.postgres.sql("SELECT customer_id || '/' || grant_id FROM grants ORDER BY 1") == "alice/g1\nbob/g2")
+
+            // A write the rules refuse is refused the same way as on an embedded server.
+            await #expect {
+                try await a.store.write(.grantEntitlement(GrantEntitlementRequest(userId: "alice", grant: Grant(entitlementId: "premium"))), now: world.now)
+            } throws: { error in
+                (error as? WriteRefusal)?.reason == .invalidArgument && "\(error)".contains("grant.grant_id")
+            }
+            // An alias moved from bob to alice logs both customers in one sequence.
+            let moved = try await b.store.write(.linkAlias(LinkAliasRequest(userId: "alice", alias: "anon-bob", transfer: true)), now: world.now)
+            #expect(moved.sequence == 3)
+            #expect(await a.store.waitUntilApplied(3, timeout: .seconds(20)))
+            #expect(try a.store.customer(for: "anon-bob")?.id == "alice" && a.store.customer(for: "bob")?.aliases == [])
+        }
+        await a.close()
+        await b.close()
+    }
+
+    @Test("ordering: a write that took its sequence and is still open holds back later commits; the tailer never skips it")
+    func heldTransaction() async throws {
+        let world = try await FleetWorld()
+        let b = try await world.replica("b", listen: false, poll: .milliseconds(20))
+        let writer = world.database()
+        let held = try await writer.connect()
+        // A writer takes sequence 1 and holds its transaction open.
+        try await held.query("BEGIN", logger: world.logger)
+        try await held.query("UPDATE change_head SET seq = seq + 1", logger: world.logger)
+        try await tailing([b]) {
+            // Another write meanwhile: it must wait for the row lock, so it cannot commit
+            // sequence 2 before 1 is visible.
+            async let later = b.store.write(FleetWorld.grant("bob", "later"), now: world.now)
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(b.store.committedSequence == 0)
+            // The held writer logs its change and commits.
+            let record = ByteBuffer(bytes: try ReplicatedWrite(customerId: "alice", customers: [CustomerChange(customerId: "alice", record: CustomerRecord(id: "alice", aliases: ["anon-alice"], grants: [Grant(grantId: "held", entitlementId: "premium", grantedDate: world.now)]))]).serializedBytes())
+            try await held.query("INSERT INTO change_log (seq, customer_id, record) VALUES (1, 'alice', \(record))", logger: world.logger)
+            try await held.query("COMMIT", logger: world.logger)
+            let outcome = try await later
+            #expect(outcome.sequence == 2)
+            #expect(await b.store.waitUntilApplied(2, timeout: .seconds(20)))
+            #expect(try b.store.grantIds("alice") == ["held"] && b.store.grantIds("bob") == ["later"])
+        }
+        try await held.close()
+        await writer.close()
+        await b.close()
+    }
+
+    @Test("a restarted server resumes from its saved cursor; an epoch change or a pruned change log starts it afresh, correctly")
+    func restartAndRebootstrap() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        var b = try await world.replica("b")
+        try await tailing([a, b]) { [b] in
+            _ = try await a.store.write(FleetWorld.grant("alice", "g1"), now: world.now)
+            #expect(await b.store.waitUntilApplied(1, timeout: .seconds(20)))
+        }
+        await b.close()
+        b = try await world.replica("b")
+        #expect(b.startup.contains("continuing from the data directory at sequence 1"), "\(b.startup)")
+        try await tailing([a]) {
+            _ = try await a.store.write(FleetWorld.grant("bob", "g2"), now: world.now)
+            _ = try await a.store.write(FleetWorld.grant("bob", "g3"), now: world.now)
+        }
+        try await tailing([b]) { [b] in
+            #expect(await b.store.waitUntilApplied(3, timeout: .seconds(20)))
+            let ids = try b.store.grantIds("bob")
+            #expect(ids == ["g2", "g3"])
+        }
+        await b.close()
+
+        // Rows b has not applied are pruned: it cannot continue, so it starts afresh.
+        try await tailing([a]) {
+            _ = try await a.store.write(FleetWorld.grant("bob", "g4"), now: world.now)
+        }
+        try world.postgres.sql("DELETE FROM change_log WHERE seq <= 4")
+        b = try await world.replica("b")
+        #expect(b.startup.contains("the change log now starts at 5") && b.startup.contains("exported"), "\(b.startup)")
+        #expect(try b.store.grantIds("bob") == ["g2", "g3", "g4"] && b.store.committedSequence == 4)
+
+        // A new epoch (a restore that reuses sequence numbers): the running tailer stops
+        // with a re-bootstrap error, and a restart starts afresh.
+        try world.postgres.sql("UPDATE change_head SET epoch = gen_random_uuid()")
+        await #expect {
+            try await b.tailer.run()
+        } throws: { error in
+            (error as? FleetError)?.kind == .rebootstrap && "\(error)".contains("a restore or failover started a new history")
+        }
+        await b.close()
+        b = try await world.replica("b")
+        #expect(b.startup.contains("is from epoch") && b.startup.contains("exported"), "\(b.startup)")
+        #expect(try b.store.grantIds("bob") == ["g2", "g3", "g4"])
+
+        // A --snapshot of another epoch is not used: said, and exported instead.
+        let stale = world.scratch + "/stale.snap"
+        let writer = try SnapshotWriter(path: stale, catalog: FleetWorld.catalog, createdDate: world.now, fleetEpoch: "not-this-one")
+        try writer.finish(hotList: [])
+        let c = try await world.replica("c", seed: stale)
+        #expect(c.startup.contains("--snapshot \(stale) is not used") && c.startup.contains("not-this-one"), "\(c.startup)")
+        #expect(try c.store.grantIds("bob") == ["g2", "g3", "g4"])
+        await c.close()
+        await a.close()
+        await b.close()
+    }
+
+    @Test("PostgreSQL stopped under load: reads go on, writes fail at once with UNAVAILABLE; after a restart every acknowledged write is everywhere")
+    func databaseDown() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        let b = try await world.replica("b")
+        var acknowledged: [String] = []
+        try await tailing([a, b]) {
+            for index in 0..<20 {
+                _ = try await a.store.write(FleetWorld.grant("alice", "before-\(index)"), now: world.now)
+                acknowledged.append("before-\(index)")
+            }
+            try world.postgres.stop(mode: "immediate")
+            let started = ContinuousClock.now
+            await #expect {
+                try await a.store.write(FleetWorld.grant("alice", "during"), now: world.now)
+            } throws: { error in
+                (error as? WriteRefusal)?.reason == .unavailable && "\(error)".contains("the write was not stored")
+            }
+            #expect(started.duration(to: .now) < .seconds(10), "a write must not wait for PostgreSQL to come back")
+            // Reads answer from what is applied.
+            #expect(try a.store.grantIds("alice").count == 20)
+            try world.postgres.start()
+            // The pool's broken connections are dropped on first use: the next write works.
+            var after: CustomerStore.WriteOutcome?
+            for _ in 0..<5 where after == nil {
+                after = try? await a.store.write(FleetWorld.grant("alice", "after"), now: world.now)
+            }
+            let sequence = try #require(after?.sequence)
+            acknowledged.append("after")
+            #expect(await b.store.waitUntilApplied(sequence, timeout: .seconds(30)))
+            #expect(try b.store.grantIds("alice") == acknowledged.sorted())
+            #expect(b.tailer.status.lastError == nil)
+        }
+        await a.close()
+        await b.close()
+    }
+}
+

@@ -17,6 +17,9 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         /// The change log is not what the tailer expected (a gap, another epoch): the
         /// server must start again from a snapshot.
         case rebootstrap
+        /// This server cannot apply the change log (its own log failed, a row does not
+        /// decode): retrying would not help, so tailing stops.
+        case local
         /// Anything else PostgreSQL answered.
         case database
     }
@@ -108,6 +111,11 @@ public struct FleetDatabaseURL: Sendable, CustomStringConvertible {
             throw malformed("the URL must start with postgres://")
         }
         if let query = rest.firstIndex(of: "?") {
+            // TLS to PostgreSQL is not supported: an option asking for it must not be
+            // dropped without a word.
+            for option in rest[rest.index(after: query)...].split(separator: "&") where option != "sslmode=disable" {
+                throw malformed("the option \"\(option)\" is not supported (only sslmode=disable: fleet mode does not use TLS to PostgreSQL yet)")
+            }
             rest = rest[..<query]
         }
         var database: String?
@@ -261,12 +269,19 @@ public final class FleetDatabase: Sendable {
             try await Task.sleep(for: limit)
             try? await connection.close()
         }
-        defer { watchdog.cancel() }
+        /// The watchdog is stopped, and done, before the connection goes back: it must never
+        /// close a connection another caller has leased since.
+        func stopWatchdog() async {
+            watchdog.cancel()
+            _ = await watchdog.result
+        }
         do {
             let result = try await body(connection)
+            await stopWatchdog()
             self.release(connection, broken: connection.isClosed)
             return result
         } catch {
+            await stopWatchdog()
             self.release(connection, broken: connection.isClosed || FleetError.isConnectionFailure(error))
             if connection.isClosed, !(error is FleetError) {
                 throw FleetError(.unreachable, "PostgreSQL at \(self.url) did not answer within \(limit) or closed the connection (\(FleetError.describe(error)))")
@@ -288,6 +303,8 @@ public final class FleetDatabase: Sendable {
                 let result = try await body(connection)
                 do {
                     try await connection.query("COMMIT", logger: self.logger)
+                } catch let error as PSQLError where error.code == .server {
+                    throw error  // the server answered: it did not commit
                 } catch {
                     // The server may have committed before the answer was lost.
                     throw CommitOutcomeUnknown(underlying: error)

@@ -59,7 +59,8 @@ public final class FleetReplica: Sendable {
             // sequence numbers are the change log's.
             store.forwardWrites(
                 to: FleetWriter(database: database, catalog: store.catalog) { _ in tailer.poke() },
-                applyWait: configuration.writeWait
+                applyWait: configuration.writeWait,
+                catchUp: { tailer.poke() }
             )
             return FleetReplica(store: store, tailer: tailer, database: database, startup: startup, openReport: report)
         } catch {

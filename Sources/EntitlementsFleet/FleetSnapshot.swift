@@ -79,7 +79,7 @@ public enum FleetSnapshot {
                 var records: [CustomerRecord] = []
                 try snapshot.forEachRecord { record, _ in records.append(record) }
                 for record in records {
-                    try await FleetWriter.upsert(record, on: connection, logger: logger)
+                    try await FleetWriter.upsert(record, isNew: true, on: connection, logger: logger)
                     let aliases = record.aliases
                     if let id = record.id, !aliases.isEmpty {
                         try await connection.query(
@@ -121,13 +121,10 @@ public enum FleetSnapshot {
         /// the change log; nil if it can.
         let unusable = { (header: SnapshotHeader, applied: UInt64) -> String? in
             guard header.fleetEpoch == epoch else {
-                return "its data is from epoch \(header.fleetEpoch ?? "none (an embedded server's)"), the database's is \(epoch)"
+                return "its data is from epoch \(header.fleetEpoch ?? "none"), the database's is \(epoch)"
             }
             guard applied + 1 >= oldest else {
                 return "it has applied up to \(applied), but the change log now starts at \(oldest) (pruned)"
-            }
-            guard applied <= head else {
-                return "it has applied up to \(applied), past the database's head \(head)"
             }
             return nil
         }
@@ -135,16 +132,37 @@ public enum FleetSnapshot {
         var reason = "a new data directory"
         if access(snapshotPath, F_OK) == 0 {
             let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil, options: options)
-            guard let why = unusable(store.snapshot.header, store.committedSequence) else {
-                return (store, report, "fleet: continuing from the data directory at sequence \(store.committedSequence) (the change log's head is \(head))")
+            let header = store.snapshot.header
+            let applied = store.committedSequence
+            guard header.fleetEpoch != nil else {
+                store.close()
+                throw FleetError(
+                    .schema,
+                    "the data directory \(directory) belongs to an embedded server (its snapshot has no fleet epoch); nothing was changed. Give fleet mode a directory of its own; to move this data into the database, compact it and load the snapshot with `entitlements db import`"
+                )
+            }
+            if header.fleetEpoch == epoch, applied > head {
+                // The database lost writes this server applied (a restore that kept the
+                // epoch): this directory may be the only copy of them. Never discard it.
+                store.close()
+                throw FleetError(
+                    .schema,
+                    "the data directory has applied up to sequence \(applied), but the database's change log (same epoch \(epoch)) ends at \(head): the database lost writes (restored without a new epoch?). Nothing was changed; see docs/fleet.md, \"Failures\""
+                )
+            }
+            guard let why = unusable(header, applied) else {
+                return (store, report, "fleet: continuing from the data directory at sequence \(applied) (the change log's head is \(head))")
             }
             store.close()
             store.unlock()
-            try Self.clear(directory)
-            reason = "the data directory cannot continue (\(why)), so it starts afresh"
+            let kept = try Self.setAside(directory, now: now)
+            reason = "the data directory cannot continue (\(why)), so it starts afresh; its old snapshot and log are kept in \(kept)"
+        } else {
+            // Log segments without a snapshot are a start-up that never finished: not ours to replay.
+            _ = try Self.setAside(directory, now: now)
         }
-        let done = try await Self.fresh(directory: directory, seed: seed, database: database, now: now, unusable: unusable, reason: reason)
-        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil, options: options)
+        let (done, seedToCopy) = try await Self.fresh(directory: directory, seed: seed, database: database, now: now, unusable: unusable, reason: reason)
+        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: seedToCopy, options: options)
         return (store, report, done)
     }
 
@@ -155,7 +173,7 @@ public enum FleetSnapshot {
         now: Int64,
         unusable: (SnapshotHeader, UInt64) -> String?,
         reason: String
-    ) async throws -> String {
+    ) async throws -> (String, seed: String?) {
         if mkdir(directory, 0o755) != 0, errno != EEXIST {
             throw SnapshotError(code: .io, path: directory, reason: "cannot create the data directory: \(String(cString: strerror(errno)))")
         }
@@ -165,57 +183,34 @@ public enum FleetSnapshot {
             if let why = unusable(file.header, file.header.lastLogSequence ?? 0) {
                 // Defined behaviour for a file from another epoch: not used, said why.
                 let report = try await Self.export(database, to: snapshotPath, now: now)
-                return "fleet: \(reason); --snapshot \(seed) is not used (\(why)); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)"
+                return ("fleet: \(reason); --snapshot \(seed) is not used (\(why)); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)", nil)
             }
-            let bytes = try Self.readAll(seed)
-            try Self.writeAll(bytes, to: snapshotPath)
-            return "fleet: \(reason); seeded from \(seed) at sequence \(file.header.lastLogSequence ?? 0)"
+            // CustomerStore.open copies it in (in chunks, fsynced, renamed into place).
+            return ("fleet: \(reason); seeded from \(seed) at sequence \(file.header.lastLogSequence ?? 0)", seed)
         }
         let report = try await Self.export(database, to: snapshotPath, now: now)
-        return "fleet: \(reason); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)"
+        return ("fleet: \(reason); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)", nil)
     }
 
-    /// Removes a data directory's snapshot and log (a replica: PostgreSQL holds the truth).
-    static func clear(_ directory: String) throws {
-        let logDirectory = "\(directory)/\(CustomerStore.logDirectoryName)"
-        if let handle = opendir(logDirectory) {
-            while let entry = readdir(handle) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-                if name != ".", name != ".." {
-                    unlink("\(logDirectory)/\(name)")
-                }
+    /// Moves a data directory's snapshot and log into `DIR/replaced-<time>/` (never
+    /// deletes them: an operator may want them), and returns that folder. Nothing to move:
+    /// returns it anyway, not created.
+    static func setAside(_ directory: String, now: Int64) throws -> String {
+        var kept = "\(directory)/replaced-\(now)"
+        var attempt = 1
+        while access(kept, F_OK) == 0 {
+            attempt += 1
+            kept = "\(directory)/replaced-\(now)-\(attempt)"
+        }
+        let names = [CustomerStore.snapshotFileName, CustomerStore.logDirectoryName]
+        for name in names where access("\(directory)/\(name)", F_OK) == 0 {
+            if mkdir(kept, 0o755) != 0, errno != EEXIST {
+                throw SnapshotError(code: .io, path: kept, reason: "cannot create: \(String(cString: strerror(errno)))")
             }
-            closedir(handle)
+            guard rename("\(directory)/\(name)", "\(kept)/\(name)") == 0 else {
+                throw SnapshotError(code: .io, path: "\(directory)/\(name)", reason: "cannot move it aside: \(String(cString: strerror(errno)))")
+            }
         }
-        unlink("\(directory)/\(CustomerStore.snapshotFileName)")
-    }
-
-    private static func readAll(_ path: String) throws -> [UInt8] {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw SnapshotError(code: .io, path: path, reason: "cannot open: \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 1 << 20)
-        while true {
-            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            guard count >= 0 else { throw SnapshotError(code: .io, path: path, reason: "cannot read: \(String(cString: strerror(errno)))") }
-            if count == 0 { return bytes }
-            bytes += chunk[0..<count]
-        }
-    }
-
-    private static func writeAll(_ bytes: [UInt8], to path: String) throws {
-        let temporary = "\(path).tmp-seed"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw SnapshotError(code: .io, path: temporary, reason: "cannot create: \(String(cString: strerror(errno)))") }
-        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        guard written == bytes.count, fsync(fd) == 0 else {
-            close(fd)
-            throw SnapshotError(code: .io, path: temporary, reason: "cannot write: \(String(cString: strerror(errno)))")
-        }
-        close(fd)
-        guard rename(temporary, path) == 0 else {
-            throw SnapshotError(code: .io, path: path, reason: "cannot rename into place: \(String(cString: strerror(errno)))")
-        }
+        return kept
     }
 }

@@ -82,7 +82,7 @@ public final class FleetTailer: Sendable {
         while !Task.isCancelled {
             do {
                 try await self.catchUp()
-            } catch let error as FleetError where error.kind == .rebootstrap {
+            } catch let error as FleetError where error.kind == .rebootstrap || error.kind == .local {
                 self.state.withLock { $0.lastError = error.message }
                 throw error
             } catch let gap as ReplicationGap {
@@ -103,7 +103,11 @@ public final class FleetTailer: Sendable {
                     self.logger.warning("fleet: polling the change log failed; serving what is applied until PostgreSQL answers again", metadata: ["fleet.error": "\(message)"])
                 }
             }
-            await self.wakeup.wait(timeout: self.configuration.pollInterval)
+            await withTaskCancellationHandler {
+                await self.wakeup.wait(timeout: self.configuration.pollInterval)
+            } onCancel: {
+                self.wakeup.signal()
+            }
         }
     }
 
@@ -135,11 +139,13 @@ public final class FleetTailer: Sendable {
                 )
                 var entries: [CustomerStore.ReplicatedEntry] = []
                 for try await (sequence, bytes, committed) in rows.decode((Int64, ByteBuffer, Int64).self) {
-                    entries.append(CustomerStore.ReplicatedEntry(
-                        sequence: UInt64(sequence),
-                        write: try ReplicatedWrite(buffer: bytes),
-                        recordedDate: committed
-                    ))
+                    let write: ReplicatedWrite
+                    do {
+                        write = try ReplicatedWrite(buffer: bytes)
+                    } catch {
+                        throw FleetError(.local, "change_log row \(sequence) does not decode (\(error)); a newer binary may have written it")
+                    }
+                    entries.append(CustomerStore.ReplicatedEntry(sequence: UInt64(sequence), write: write, recordedDate: committed))
                 }
                 return (head, entries)
             }
@@ -152,7 +158,13 @@ public final class FleetTailer: Sendable {
             if batch.rows.isEmpty, batch.head > cursor {
                 throw FleetError(.rebootstrap, "the change log's head is \(batch.head) but it holds no row after \(cursor): pruned while this server was behind")
             }
-            try await self.store.applyReplicated(batch.rows)
+            do {
+                try await self.store.applyReplicated(batch.rows)
+            } catch let gap as ReplicationGap {
+                throw gap
+            } catch {
+                throw FleetError(.local, "this server cannot apply the change log: \(error)")
+            }
             let applied = self.store.committedSequence
             let recovered = self.state.withLock { status -> Bool in
                 status.appliedSequence = applied

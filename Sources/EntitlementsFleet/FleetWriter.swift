@@ -48,6 +48,10 @@ public final class FleetWriter: WriteUpstream {
                 return written
             } catch let refusal as WriteRefusal {
                 throw refusal
+            } catch let error as ProtobufError {
+                // A value the wire format cannot carry (only in-process callers can send one:
+                // the framed protocol refuses it when it decodes the request).
+                throw WriteRefusal(.invalidArgument, "\(error)")
             } catch {
                 let state = FleetError.sqlState(error)
                 // 40P01 deadlock, 40001 serialization failure, 23505 a concurrent insert of
@@ -56,6 +60,10 @@ public final class FleetWriter: WriteUpstream {
                 if lostRace, attempt < Self.maximumAttempts {
                     attempt += 1
                     continue
+                }
+                if let state, state.hasPrefix("22") {
+                    // A data exception: a value PostgreSQL cannot store (e.g. a NUL byte in an id).
+                    throw WriteRefusal(.invalidArgument, "a value of this write cannot be stored: \(FleetError.describe(error))")
                 }
                 throw WriteRefusal(.unavailable, Self.unavailable(error))
             }
@@ -94,6 +102,7 @@ public final class FleetWriter: WriteUpstream {
                     }
                 }
             }
+            let existing = Set(known.values.compactMap { $0?.id })
             guard effect.changed else {
                 return CustomerStore.UpstreamWrite(
                     customerId: effect.customerId,
@@ -102,7 +111,7 @@ public final class FleetWriter: WriteUpstream {
                     created: false
                 )
             }
-            try await Self.store(effect, on: connection, logger: logger)
+            try await Self.store(effect, existing: existing, on: connection, logger: logger)
             let sequence = try await Self.append(effect, on: connection, logger: logger)
             return CustomerStore.UpstreamWrite(customerId: effect.customerId, sequence: sequence, changed: true, created: effect.created)
         }
@@ -110,7 +119,14 @@ public final class FleetWriter: WriteUpstream {
 
     /// The record `userId` (a customer id or an alias) names, with its row locked until the
     /// transaction ends, and the sequence of its last change.
+    ///
+    /// The id itself is locked first (a transaction-scoped advisory lock on its hash),
+    /// whether or not anything has it yet: two writes that would each create customer X,
+    /// or link alias X, or one of each, run one after the other, and the second sees what
+    /// the first committed. Two writes that lock the same ids in another order deadlock,
+    /// which PostgreSQL detects; the loser is run again.
     static func lockedCustomer(_ userId: String, on connection: PostgresConnection, logger: Logger) async throws -> (CustomerRecord?, Int64) {
+        try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\(userId), 0))", logger: logger)
         let rows = try await connection.query(
             """
             SELECT c.record, c.last_seq FROM customers c
@@ -133,15 +149,17 @@ public final class FleetWriter: WriteUpstream {
         return (nil, 0)
     }
 
-    /// Writes the effect's customers and aliases to the domain tables.
-    static func store(_ effect: WriteEffect, on connection: PostgresConnection, logger: Logger) async throws {
+    /// Writes the effect's customers and aliases to the domain tables. A customer that was
+    /// not in `existing` when read is inserted without ON CONFLICT: had another transaction
+    /// created it meanwhile, the insert fails (23505) and the write is run again.
+    static func store(_ effect: WriteEffect, existing: Set<String>, on connection: PostgresConnection, logger: Logger) async throws {
         for (customerId, record) in effect.records.sorted(by: { $0.key < $1.key }) {
             guard let record else {
                 // Its aliases and rows go with it (ON DELETE CASCADE).
                 try await connection.query("DELETE FROM customers WHERE customer_id = \(customerId)", logger: logger)
                 continue
             }
-            try await Self.upsert(record, on: connection, logger: logger)
+            try await Self.upsert(record, isNew: !existing.contains(customerId), on: connection, logger: logger)
         }
         let moved = effect.aliases.sorted { $0.key < $1.key }
         let removed = moved.filter { $0.value == nil }.map(\.key)
@@ -163,17 +181,15 @@ public final class FleetWriter: WriteUpstream {
 
     /// A customer's row and its rows in the tables people query (transactions, subscription
     /// states, grants), replaced as a whole.
-    static func upsert(_ record: CustomerRecord, on connection: PostgresConnection, logger: Logger) async throws {
+    static func upsert(_ record: CustomerRecord, isNew: Bool, on connection: PostgresConnection, logger: Logger) async throws {
         guard let customerId = record.id else { return }
         var bytes = ByteBuffer()
         try record.serialize(into: &bytes)
-        try await connection.query(
-            """
-            INSERT INTO customers (customer_id, record, last_seq) VALUES (\(customerId), \(bytes), 0)
-            ON CONFLICT (customer_id) DO UPDATE SET record = EXCLUDED.record
-            """,
-            logger: logger
-        )
+        if isNew {
+            try await connection.query("INSERT INTO customers (customer_id, record, last_seq) VALUES (\(customerId), \(bytes), 0)", logger: logger)
+        } else {
+            try await connection.query("UPDATE customers SET record = \(bytes) WHERE customer_id = \(customerId)", logger: logger)
+        }
         try await connection.query(
             """
             WITH t AS (DELETE FROM transactions WHERE customer_id = \(customerId)),

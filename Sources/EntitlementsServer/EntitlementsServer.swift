@@ -67,7 +67,8 @@ final class ServerServices: Sendable {
     }
 
     /// A write is durable and visible: every resolver drops what it changed, watchers are
-    /// told, then `done` lets the store acknowledge it.
+    /// told, then `done` lets the store acknowledge it. A write made here and one applied
+    /// from fleet mode's change log both come this way, so both can start a compaction.
     func afterCommit(_ write: CustomerStore.CommittedWrite, done: @escaping @Sendable () -> Void) {
         let loop = self.pool.resolvers[0].eventLoop
         let invalidated = self.pool.invalidate(after: write, on: loop)
@@ -75,6 +76,7 @@ final class ServerServices: Sendable {
         invalidated.whenComplete { _ in
             self.metrics.writes.increment()
             done()
+            self.compactIfNeeded()
         }
     }
 

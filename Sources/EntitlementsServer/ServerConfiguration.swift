@@ -38,6 +38,9 @@ public struct ServerConfiguration: Sendable {
     public var watchBufferEvents: Int
     /// Reported by Health.
     public var version: String
+    /// How long a check with `min_log_sequence` waits for this server to apply that
+    /// sequence before it fails UNAVAILABLE. Default 100 ms.
+    public var minimumSequenceWait: TimeAmount
 
     /// Creates a configuration; `resolvers` nil means one per CPU core.
     public init(
@@ -54,8 +57,10 @@ public struct ServerConfiguration: Sendable {
         idleTimeout: TimeAmount = .minutes(5),
         frameTimeout: TimeAmount = .seconds(10),
         closeLinger: TimeAmount = .seconds(5),
+        minimumSequenceWait: TimeAmount = .milliseconds(100),
         version: String = "0.1.0"
     ) {
+        self.minimumSequenceWait = minimumSequenceWait
         self.maximumConnections = maximumConnections
         self.idleTimeout = idleTimeout
         self.frameTimeout = frameTimeout

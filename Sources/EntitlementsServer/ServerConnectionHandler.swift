@@ -289,6 +289,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             deadline: deadline
         )
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
+        if request.minLogSequence > 0, !self.services.store.hasApplied(request.minLogSequence) {
+            self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
+                let promise = handler.context.eventLoop.makePromise(of: CheckOutcome.self)
+                handler.pool.check(query, for: handler.scope, completing: promise)
+                handler.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
+            }
+            return
+        }
         // When the user's resolver runs on this connection's loop (always with one loop; 1 in
         // L checks with L loops) the check is answered now: no promise, no pending entry, no hop.
         let first = self.pool.resolver(for: userId)
@@ -315,6 +323,43 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.pool.check(query, for: self.scope, completing: promise)
         }
         self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
+    }
+
+    /// A read that asked for writes this server has not applied (`min_log_sequence`): it is
+    /// accepted, waits at most --min-sequence-wait for them (fleet mode polls at once), then
+    /// `run` answers it as usual; still behind, it fails UNAVAILABLE naming the sequence
+    /// applied here. Off the hot path: a check without the field never comes here.
+    private func afterCatchingUp(
+        to minimum: UInt64,
+        _ requestID: UInt64,
+        deadline: NIODeadline?,
+        run: @escaping (ServerConnectionHandler) -> Void
+    ) {
+        self.accept(requestID, deadline: deadline)
+        let loop = self.context.eventLoop
+        let handler = NIOLoopBound(self, eventLoop: loop)
+        let run = NIOLoopBound(run, eventLoop: loop)
+        let store = self.services.store
+        let wait = self.configuration.minimumSequenceWait
+        store.requestCatchUp()
+        Task {
+            let caughtUp = await store.waitUntilApplied(minimum, timeout: .nanoseconds(wait.nanoseconds))
+            loop.execute {
+                let handler = handler.value
+                guard handler.context != nil, handler.pending[requestID] != nil else {
+                    return  // timed out, or the connection closed, meanwhile
+                }
+                guard caughtUp else {
+                    handler.fail(
+                        requestID,
+                        .unavailable,
+                        "behind: this server has applied log sequence \(store.appliedSequence), the call asked for min_log_sequence \(minimum); retry, or ask another server"
+                    )
+                    return
+                }
+                run.value(handler)
+            }
+        }
     }
 
     /// Answers an accepted check when its resolver on another event loop is done.
@@ -384,7 +429,18 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         let instant = request.at ?? WallClock.unixMilliseconds()
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
+        if request.minLogSequence > 0, !self.services.store.hasApplied(request.minLogSequence) {
+            self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
+                handler.runBatch(request, instant: instant, requestID: requestID, deadline: deadline)
+            }
+            return
+        }
         self.accept(requestID, deadline: deadline)
+        self.runBatch(request, instant: instant, requestID: requestID, deadline: deadline)
+    }
+
+    /// Resolves an accepted batch and answers it.
+    private func runBatch(_ request: BatchCheckEntitlementsRequest, instant: Int64, requestID: UInt64, deadline: NIODeadline?) {
         let queries = request.userIds.map { userId in
             CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline)
         }
@@ -482,9 +538,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 // The store calls this once every resolver has dropped what the write
                 // changed (ServerServices.afterCommit).
                 loop.execute { handler.value.answerWrite(requestID, response) }
-                if outcome.changed {
-                    services.compactIfNeeded()
-                }
             case .failure(let error):
                 loop.execute {
                     handler.value.failWrite(requestID, error)

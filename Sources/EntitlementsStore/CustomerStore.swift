@@ -153,7 +153,7 @@ public final class CustomerStore: Sendable {
         /// Writes after `acknowledgedSequence` whose commit work finished early.
         var finishedEarly: Set<UInt64> = []
         /// Waiting for `acknowledgedSequence` to reach a sequence (or for the log to fail).
-        var barriers: [(sequence: UInt64, resume: @Sendable (_ durable: Bool) -> Void)] = []
+        var barriers: [(sequence: UInt64, id: UInt64, resume: @Sendable (_ durable: Bool) -> Void)] = []
         var logFailed = false
         var compacting = false
         var compactions = 0
@@ -161,9 +161,11 @@ public final class CustomerStore: Sendable {
         /// Fleet mode: where writes go instead of the local log.
         var upstream: (any WriteUpstream)?
         var upstreamApplyWait: Duration = .seconds(1)
-        /// Identifies barriers that can be withdrawn (a bounded wait that ran out).
-        var nextBarrierId: UInt64 = 0
-        var timedBarriers: Set<UInt64> = []
+        /// Asks the upstream's tailer to poll now (a read waits for a sequence).
+        var catchUp: (@Sendable () -> Void)?
+        /// Identifies barriers, so that a bounded wait that ran out withdraws its own (1 on;
+        /// 0 for barriers never withdrawn).
+        var nextBarrierId: UInt64 = 1
     }
 
     /// Sends every write to `upstream` (fleet mode) instead of the local log: the local log
@@ -171,11 +173,26 @@ public final class CustomerStore: Sendable {
     /// the upstream numbered them. A write is acknowledged once the upstream made it
     /// durable and, within `applyWait`, this store has applied it too (so the writer reads
     /// its own write here); past that it is acknowledged anyway, with its sequence.
-    public func forwardWrites(to upstream: any WriteUpstream, applyWait: Duration) {
+    /// `catchUp` asks for the upstream's new writes now (``requestCatchUp()``).
+    public func forwardWrites(to upstream: any WriteUpstream, applyWait: Duration, catchUp: @escaping @Sendable () -> Void = {}) {
         self.state.withLock { state in
             state.upstream = upstream
             state.upstreamApplyWait = applyWait
+            state.catchUp = catchUp
         }
+    }
+
+    /// Whether every write up to `sequence` is acknowledged here (visible, caches dropped).
+    public func hasApplied(_ sequence: UInt64) -> Bool {
+        self.state.withLock { $0.acknowledgedSequence >= sequence }
+    }
+
+    /// The last sequence acknowledged here.
+    public var appliedSequence: UInt64 { self.state.withLock { $0.acknowledgedSequence } }
+
+    /// A read waits for writes this store has not applied: fleet mode polls now.
+    public func requestCatchUp() {
+        self.state.withLock { $0.catchUp }?()
     }
 
     /// Whether writes go to an upstream (fleet mode).
@@ -449,7 +466,7 @@ public final class CustomerStore: Sendable {
                 if waitFor <= state.acknowledgedSequence {
                     return .success(outcome)
                 }
-                state.barriers.append((waitFor, { durable in
+                state.barriers.append((waitFor, 0, { durable in
                     completion(durable ? .success(outcome) : .failure(WriteRefusal(.unavailable, "an earlier write this one depends on was not stored; the log failed")))
                 }))
                 return nil
@@ -554,16 +571,13 @@ public final class CustomerStore: Sendable {
                 if state.acknowledgedSequence >= sequence { resume(true); return nil }
                 let id = state.nextBarrierId
                 state.nextBarrierId += 1
-                state.timedBarriers.insert(id)
-                state.barriers.append((sequence, { durable in
-                    resume(durable)
-                }))
+                state.barriers.append((sequence, id, resume))
                 return id
             }
             guard let id else { return }
             let nanoseconds = max(0, timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) {
-                self.state.withLock { _ = $0.timedBarriers.remove(id) }
+                self.state.withLock { $0.barriers.removeAll { $0.id == id } }
                 resume(false)
             }
         }
@@ -712,7 +726,7 @@ public final class CustomerStore: Sendable {
             let done = self.state.withLock { state -> Bool? in
                 if state.logFailed { return false }
                 if state.acknowledgedSequence >= sequence { return true }
-                state.barriers.append((sequence, { continuation.resume(returning: $0) }))
+                state.barriers.append((sequence, 0, { continuation.resume(returning: $0) }))
                 return nil
             }
             if let done {

@@ -14,13 +14,17 @@ struct CheckCommand: AsyncParsableCommand {
 
     @OptionGroup var query: QueryOptions
 
+    @Option(name: .customLong("min-seq"), help: "Read your writes: answer only once the server has applied this log sequence (a write's logSequence).")
+    var minimumSequence: UInt64?
+
     func run() async throws {
         let client = try self.connection.makeClient()
         let request = CheckEntitlementsRequest(
             userId: self.query.user,
             entitlementIds: self.query.entitlements,
             at: self.query.instant,
-            environment: self.query.requestedEnvironment
+            environment: self.query.requestedEnvironment,
+            minLogSequence: self.minimumSequence ?? 0
         )
         do {
             let response = try await client.checkEntitlements(request, timeout: self.connection.timeout)

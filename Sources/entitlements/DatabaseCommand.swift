@@ -69,7 +69,7 @@ struct DatabaseCommand: AsyncParsableCommand {
             abstract: "Load a snapshot file's catalog and customers into an empty fleet database."
         )
         @OptionGroup var connection: PostgresOption
-        @Option(help: "The snapshot file (from `snapshot build`, `generate`, or an embedded server's data directory).")
+        @Option(help: "The snapshot file (from `snapshot build`, `generate`, or an embedded server's data directory after `compact`: writes still in its log are not in the file).")
         var snapshot: String
 
         func run() async throws {

@@ -80,6 +80,8 @@ struct ServeCommand: AsyncParsableCommand {
     var admin: String?
     @Option(help: "trace, debug, info (default), notice, warning, error or critical.")
     var logLevel: String?
+    @Option(help: "How long a check with min_log_sequence waits for this server to apply it (default 100ms).")
+    var minSequenceWait: String?
     @Option(help: "Fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md). Needs --data-dir.")
     var postgres: String?
     @Option(help: "Fleet mode: poll the change log this often when no NOTIFY arrives (default 250ms).")
@@ -98,7 +100,7 @@ struct ServeCommand: AsyncParsableCommand {
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
-            ("admin", self.admin), ("log-level", self.logLevel), ("postgres", self.postgres),
+            ("admin", self.admin), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait),
         ]
         for case let (name, value?) in options {

@@ -44,6 +44,7 @@ struct ServeSettings {
         Key(name: "drain-timeout", defaultValue: "30s", help: "on SIGTERM/SIGINT, time to finish accepted calls before cancelling"),
         Key(name: "admin", defaultValue: nil, help: "admin HTTP listener HOST:PORT for /healthz, /readyz, /metrics; off by default"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
+        Key(name: "min-sequence-wait", defaultValue: "100ms", help: "how long a check with min_log_sequence waits for this server to apply it"),
         Key(name: "postgres", defaultValue: nil, help: "fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md)", variable: "ENTITLEMENTS_POSTGRES_URL"),
         Key(name: "fleet-poll-interval", defaultValue: "250ms", help: "fleet mode: how often the change log is polled when no NOTIFY arrives"),
         Key(name: "fleet-listen", defaultValue: "true", help: "fleet mode: LISTEN for the writers' NOTIFY (false: polling only)"),
@@ -244,7 +245,8 @@ struct ServeSettings {
             watchBufferEvents: try self.integer("watch-buffer", in: 1...1_000_000),
             maximumConnections: try self.integer("max-connections", in: 1...1_000_000),
             idleTimeout: try self.duration("idle-timeout"),
-            frameTimeout: try self.duration("frame-timeout")
+            frameTimeout: try self.duration("frame-timeout"),
+            minimumSequenceWait: try self.duration("min-sequence-wait")
         )
     }
 

@@ -1,9 +1,13 @@
+import EntitlementsClient
 import EntitlementsFleet
 import EntitlementsMessages
+import EntitlementsServer
 import EntitlementsStore
+import EntitlementsWire
 import Foundation
 import Logging
 import NIOCore
+import NIOPosix
 import Testing
 
 /// A world for fleet tests: PostgreSQL with the schema and a small catalog and customers
@@ -77,7 +81,13 @@ extension CustomerStore {
 func tailing<T: Sendable>(_ replicas: [FleetReplica], _ body: () async throws -> T) async throws -> T {
     try await withThrowingTaskGroup(of: Void.self) { group in
         for replica in replicas {
-            group.addTask { try await replica.tailer.run() }
+            group.addTask {
+                do {
+                    try await replica.tailer.run()
+                } catch {
+                    Issue.record("a tailer stopped: \(error)")
+                }
+            }
         }
         defer { group.cancelAll() }
         return try await body()
@@ -209,6 +219,60 @@ struct FleetTests {
         await b.close()
     }
 
+    @Test("two servers creating the same new customer at once, and linking one new alias at once: every acknowledged write is kept, no alias has two owners")
+    func racingCreates() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        let b = try await world.replica("b")
+        try await tailing([a, b]) {
+            let grants = try await withThrowingTaskGroup(of: String.self) { group in
+                for index in 0..<16 {
+                    let replica = index % 2 == 0 ? a : b
+                    group.addTask {
+                        _ = try await replica.store.write(FleetWorld.grant("new-customer", "g\(index)"), now: world.now)
+                        return "g\(index)"
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            let linked = try await withThrowingTaskGroup(of: String?.self) { group in
+                for owner in ["alice", "bob"] {
+                    let replica = owner == "alice" ? a : b
+                    group.addTask {
+                        do {
+                            _ = try await replica.store.write(.linkAlias(LinkAliasRequest(userId: owner, alias: "shared-alias")), now: world.now)
+                            return owner
+                        } catch let refusal as WriteRefusal where refusal.reason == .failedPrecondition {
+                            return nil  // the other one got it first
+                        }
+                    }
+                }
+                var owners: [String] = []
+                for try await owner in group {
+                    if let owner { owners.append(owner) }
+                }
+                return owners
+            }
+            #expect(linked.count == 1, "\(linked)")
+            let head = UInt64(try world.postgres.sql("SELECT seq FROM change_head"))!
+            #expect(await a.store.waitUntilApplied(head, timeout: .seconds(20)))
+            #expect(try a.store.grantIds("new-customer") == grants.sorted())
+            #expect(try a.store.customer(for: "shared-alias")?.id == linked.first)
+            #expect(try world.postgres.sql("SELECT count(*) FROM customers WHERE 'shared-alias' = ANY(ARRAY[customer_id])") == "0")
+            // The exported state agrees (every key has one owner, or export refuses).
+            _ = try await FleetSnapshot.export(a.database, to: world.scratch + "/check.snap", now: world.now)
+
+            // A value PostgreSQL cannot store is the request's fault, not an outage.
+            await #expect {
+                try await a.store.write(FleetWorld.grant("alice", "nul\u{0}byte"), now: world.now)
+            } throws: { error in
+                (error as? WriteRefusal)?.reason == .invalidArgument
+            }
+        }
+        await a.close()
+        await b.close()
+    }
+
     @Test("ordering: a write that took its sequence and is still open holds back later commits; the tailer never skips it")
     func heldTransaction() async throws {
         let world = try await FleetWorld()
@@ -222,7 +286,10 @@ struct FleetTests {
             // Another write meanwhile: it must wait for the row lock, so it cannot commit
             // sequence 2 before 1 is visible.
             async let later = b.store.write(FleetWorld.grant("bob", "later"), now: world.now)
-            try await Task.sleep(for: .milliseconds(300))
+            // Wait until that write is blocked on the change_head row lock (seen by PostgreSQL).
+            while try world.postgres.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") != "1" {
+                try await Task.sleep(for: .milliseconds(10))
+            }
             #expect(b.store.committedSequence == 0)
             // The held writer logs its change and commits.
             let record = ByteBuffer(bytes: try ReplicatedWrite(customerId: "alice", customers: [CustomerChange(customerId: "alice", record: CustomerRecord(id: "alice", aliases: ["anon-alice"], grants: [Grant(grantId: "held", entitlementId: "premium", grantedDate: world.now)]))]).serializedBytes())
@@ -333,3 +400,73 @@ struct FleetTests {
     }
 }
 
+
+@Suite("fleet mode: servers on a real PostgreSQL", .serialized)
+struct FleetServerTests {
+    /// A framed server over a replica, as `serve --postgres` runs one.
+    struct Node {
+        let replica: FleetReplica
+        let server: EntitlementsServer
+        let group: MultiThreadedEventLoopGroup
+        let client: EntitlementsClient
+
+        init(_ replica: FleetReplica, now: Int64) async throws {
+            self.replica = replica
+            self.group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+            self.server = try await EntitlementsServer.start(
+                store: replica.store,
+                configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), resolvers: 1, cacheBytes: 1 << 20, minimumSequenceWait: .seconds(5)),
+                group: self.group,
+                warmAt: now
+            )
+            self.client = EntitlementsClient(
+                configuration: .init(server: .tcp(host: "127.0.0.1", port: self.server.tcpAddress!.port!)),
+                eventLoopGroup: self.group
+            )
+        }
+
+        func stop() async throws {
+            await self.client.close()
+            await self.server.shutdownGracefully()
+            try await self.group.shutdownGracefully()
+            await self.replica.close()
+        }
+    }
+
+    @Test("write through A, check on B with min_log_sequence: B polls at once and answers the new state; a watch on B sees the write")
+    func readYourWritesOnAnotherServer() async throws {
+        let world = try await FleetWorld()
+        // B learns of writes only by polling every 30 s: no LISTEN. Only min_log_sequence's
+        // request to catch up can make B current within the check's 100 ms wait.
+        let a = try await Node(try await world.replica("a"), now: world.now)
+        let b = try await Node(try await world.replica("b", listen: false, poll: .seconds(30)), now: world.now)
+        try await tailing([a.replica, b.replica]) {
+            // The tailer's first poll happens at start; let it pass before the watch.
+            let before = try await b.client.checkEntitlements(CheckEntitlementsRequest(userId: "anon-bob"))
+            #expect(before.entitlements.isEmpty && before.customerId == "bob")
+            let events = try await b.client.watch(WatchEntitlementsRequest(userIds: ["bob"]))
+
+            let write: WriteResponse = try await a.client.call(
+                .grantEntitlement,
+                GrantEntitlementRequest(userId: "bob", grant: Grant(grantId: "g1", entitlementId: "premium", grantedDate: world.now, expirationDate: world.now + FleetWorld.day))
+            )
+            #expect(write.changed && write.logSequence == 1)
+            let after = try await b.client.checkEntitlements(CheckEntitlementsRequest(userId: "anon-bob", minLogSequence: write.logSequence))
+            #expect(after.entitlements.first { $0.id == "premium" }?.isActive == true)
+            #expect(after.logSequence == 1)
+
+            var iterator = events.makeAsyncIterator()
+            let event = try #require(try await iterator.next())
+            #expect(event.customerId == "bob" && event.cause == .write && event.logSequence == 1)
+
+            // A sequence nobody wrote: UNAVAILABLE, naming what B has applied.
+            await #expect {
+                _ = try await b.client.checkEntitlements(CheckEntitlementsRequest(userId: "bob", minLogSequence: 50))
+            } throws: { error in
+                "\(error)".contains("applied log sequence 1, the call asked for min_log_sequence 50")
+            }
+        }
+        try await a.stop()
+        try await b.stop()
+    }
+}

@@ -66,7 +66,8 @@ enum Fixtures {
         userId: "user-1",
         entitlementIds: ["premium", "pro"],
         at: 1_767_225_600_000,
-        environment: .sandbox
+        environment: .sandbox,
+        minLogSequence: 42
     )
 
     static let checkResponse = CheckEntitlementsResponse(
@@ -112,7 +113,8 @@ enum Fixtures {
             userIds: ["user-1", "user-2"],
             entitlementIds: ["premium"],
             at: 1_767_225_600_000,
-            environment: .production
+            environment: .production,
+            minLogSequence: 7
         ),
         BatchCheckEntitlementsResponse(results: [checkResponse, CheckEntitlementsResponse(userId: "user-2")]),
         WatchEntitlementsRequest(

@@ -23,6 +23,7 @@ struct ProtocCompatibilityTests {
                 entitlement_ids: "pro"
                 at: 1767225600000
                 environment: ENVIRONMENT_SANDBOX
+                min_log_sequence: 42
 
                 """
         )

@@ -195,6 +195,32 @@ struct LogSequenceTests {
         try await fixture.stop()
     }
 
+    @Test("min_log_sequence: answered once applied; a sequence this server does not have fails UNAVAILABLE naming what it has")
+    func minimumSequence() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let write: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-5", "a"))
+        let answer = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-5", minLogSequence: write.logSequence))
+        #expect(answer.entitlements.contains { $0.id == "beta" && $0.isActive })
+        let batch = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: ["user-5", "user-6"], minLogSequence: write.logSequence))
+        #expect(batch.results.count == 2)
+        // Sequence 9 was never written here: after the wait, UNAVAILABLE with the applied one.
+        for call in ["check", "batch"] {
+            await #expect {
+                if call == "check" {
+                    _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-5", minLogSequence: 9))
+                } else {
+                    _ = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: ["user-5"], minLogSequence: 9))
+                }
+            } throws: { error in
+                let failure = error as? EntitlementsClientError
+                return failure?.code == .unavailable && failure?.message.contains("applied log sequence 1, the call asked for min_log_sequence 9") == true
+            }
+        }
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("an every-customer watch resumes from the overlay, and refuses a sequence compaction folded away")
     func everyCustomerResume() async throws {
         let fixture = try await ServerFixture(writable: true)

@@ -38,6 +38,12 @@ public struct CheckEntitlementsRequest: Sendable, Hashable {
     public var at: Int64? = nil
     /// Unspecified means PRODUCTION.
     public var environment: Environment = .unspecified
+    /// Read your writes: answer only once this server has applied every write up to this
+    /// log sequence (a WriteResponse.log_sequence, or a log_sequence seen elsewhere),
+    /// waiting at most the server's --min-sequence-wait (default 100 ms) and the call's
+    /// timeout. Still behind, the call fails UNAVAILABLE, naming the sequence the server has
+    /// applied. 0 or absent: answer at once.
+    public var minLogSequence: UInt64 = 0
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -47,12 +53,14 @@ public struct CheckEntitlementsRequest: Sendable, Hashable {
         userId: String? = nil,
         entitlementIds: [String] = [],
         at: Int64? = nil,
-        environment: Environment = .unspecified
+        environment: Environment = .unspecified,
+        minLogSequence: UInt64 = 0
     ) {
         self.userId = userId
         self.entitlementIds = entitlementIds
         self.at = at
         self.environment = environment
+        self.minLogSequence = minLogSequence
     }
 }
 
@@ -92,6 +100,7 @@ extension CheckEntitlementsRequest: ProtobufCBacked {
         self.entitlementIds = try liftStrings(c.n_entitlement_ids, c.entitlement_ids, field: "entitlement_ids")
         self.at = c.has_at != 0 ? c.at : nil
         self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
+        self.minLogSequence = c.has_min_log_sequence != 0 ? c.min_log_sequence : 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -101,6 +110,7 @@ extension CheckEntitlementsRequest: ProtobufCBacked {
         (c.pointee.n_entitlement_ids, c.pointee.entitlement_ids) = try arena.lowerStrings(self.entitlementIds, field: "entitlement_ids")
         if let value = self.at { c.pointee.has_at = 1; c.pointee.at = value }
         if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
+        if self.minLogSequence != 0 { c.pointee.has_min_log_sequence = 1; c.pointee.min_log_sequence = self.minLogSequence }
         return c
     }
 }
@@ -206,6 +216,8 @@ public struct BatchCheckEntitlementsRequest: Sendable, Hashable {
     public var at: Int64? = nil
     /// The `environment` field.
     public var environment: Environment = .unspecified
+    /// As in CheckEntitlementsRequest, for the whole batch.
+    public var minLogSequence: UInt64 = 0
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -215,12 +227,14 @@ public struct BatchCheckEntitlementsRequest: Sendable, Hashable {
         userIds: [String] = [],
         entitlementIds: [String] = [],
         at: Int64? = nil,
-        environment: Environment = .unspecified
+        environment: Environment = .unspecified,
+        minLogSequence: UInt64 = 0
     ) {
         self.userIds = userIds
         self.entitlementIds = entitlementIds
         self.at = at
         self.environment = environment
+        self.minLogSequence = minLogSequence
     }
 }
 
@@ -260,6 +274,7 @@ extension BatchCheckEntitlementsRequest: ProtobufCBacked {
         self.entitlementIds = try liftStrings(c.n_entitlement_ids, c.entitlement_ids, field: "entitlement_ids")
         self.at = c.has_at != 0 ? c.at : nil
         self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
+        self.minLogSequence = c.has_min_log_sequence != 0 ? c.min_log_sequence : 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -269,6 +284,7 @@ extension BatchCheckEntitlementsRequest: ProtobufCBacked {
         (c.pointee.n_entitlement_ids, c.pointee.entitlement_ids) = try arena.lowerStrings(self.entitlementIds, field: "entitlement_ids")
         if let value = self.at { c.pointee.has_at = 1; c.pointee.at = value }
         if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
+        if self.minLogSequence != 0 { c.pointee.has_min_log_sequence = 1; c.pointee.min_log_sequence = self.minLogSequence }
         return c
     }
 }

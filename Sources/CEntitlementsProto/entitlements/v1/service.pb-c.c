@@ -862,7 +862,7 @@ void   entitlements__v1__compact_response__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__compact_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_request__field_descriptors[4] =
+static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_request__field_descriptors[5] =
 {
   {
     "user_id",
@@ -912,17 +912,30 @@ static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_reque
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "min_log_sequence",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__CheckEntitlementsRequest, has_min_log_sequence),
+    offsetof(Entitlements__V1__CheckEntitlementsRequest, min_log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__check_entitlements_request__field_indices_by_name[] = {
   2,   /* field[2] = at */
   1,   /* field[1] = entitlement_ids */
   3,   /* field[3] = environment */
+  4,   /* field[4] = min_log_sequence */
   0,   /* field[0] = user_id */
 };
 static const ProtobufCIntRange entitlements__v1__check_entitlements_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_request__descriptor =
 {
@@ -932,7 +945,7 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_request__d
   "Entitlements__V1__CheckEntitlementsRequest",
   "entitlements.v1",
   sizeof(Entitlements__V1__CheckEntitlementsRequest),
-  4,
+  5,
   entitlements__v1__check_entitlements_request__field_descriptors,
   entitlements__v1__check_entitlements_request__field_indices_by_name,
   1,  entitlements__v1__check_entitlements_request__number_ranges,
@@ -1042,7 +1055,7 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_response__
   (ProtobufCMessageInit) entitlements__v1__check_entitlements_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__batch_check_entitlements_request__field_descriptors[4] =
+static const ProtobufCFieldDescriptor entitlements__v1__batch_check_entitlements_request__field_descriptors[5] =
 {
   {
     "user_ids",
@@ -1092,17 +1105,30 @@ static const ProtobufCFieldDescriptor entitlements__v1__batch_check_entitlements
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "min_log_sequence",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__BatchCheckEntitlementsRequest, has_min_log_sequence),
+    offsetof(Entitlements__V1__BatchCheckEntitlementsRequest, min_log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__batch_check_entitlements_request__field_indices_by_name[] = {
   2,   /* field[2] = at */
   1,   /* field[1] = entitlement_ids */
   3,   /* field[3] = environment */
+  4,   /* field[4] = min_log_sequence */
   0,   /* field[0] = user_ids */
 };
 static const ProtobufCIntRange entitlements__v1__batch_check_entitlements_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__batch_check_entitlements_request__descriptor =
 {
@@ -1112,7 +1138,7 @@ const ProtobufCMessageDescriptor entitlements__v1__batch_check_entitlements_requ
   "Entitlements__V1__BatchCheckEntitlementsRequest",
   "entitlements.v1",
   sizeof(Entitlements__V1__BatchCheckEntitlementsRequest),
-  4,
+  5,
   entitlements__v1__batch_check_entitlements_request__field_descriptors,
   entitlements__v1__batch_check_entitlements_request__field_indices_by_name,
   1,  entitlements__v1__batch_check_entitlements_request__number_ranges,

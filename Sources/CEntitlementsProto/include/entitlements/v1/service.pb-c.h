@@ -97,10 +97,19 @@ struct  Entitlements__V1__CheckEntitlementsRequest
    */
   protobuf_c_boolean has_environment;
   Entitlements__V1__Environment environment;
+  /*
+   * Read your writes: answer only once this server has applied every write up to this
+   * log sequence (a WriteResponse.log_sequence, or a log_sequence seen elsewhere),
+   * waiting at most the server's --min-sequence-wait (default 100 ms) and the call's
+   * timeout. Still behind, the call fails UNAVAILABLE, naming the sequence the server has
+   * applied. 0 or absent: answer at once.
+   */
+  protobuf_c_boolean has_min_log_sequence;
+  uint64_t min_log_sequence;
 };
 #define ENTITLEMENTS__V1__CHECK_ENTITLEMENTS_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__check_entitlements_request__descriptor) \
-    , NULL, 0,NULL, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED }
+    , NULL, 0,NULL, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, 0 }
 
 
 struct  Entitlements__V1__CheckEntitlementsResponse
@@ -159,10 +168,15 @@ struct  Entitlements__V1__BatchCheckEntitlementsRequest
   int64_t at;
   protobuf_c_boolean has_environment;
   Entitlements__V1__Environment environment;
+  /*
+   * As in CheckEntitlementsRequest, for the whole batch.
+   */
+  protobuf_c_boolean has_min_log_sequence;
+  uint64_t min_log_sequence;
 };
 #define ENTITLEMENTS__V1__BATCH_CHECK_ENTITLEMENTS_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__batch_check_entitlements_request__descriptor) \
-    , 0,NULL, 0,NULL, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED }
+    , 0,NULL, 0,NULL, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, 0 }
 
 
 struct  Entitlements__V1__BatchCheckEntitlementsResponse

@@ -53,8 +53,45 @@ def seconds(text):
     return value * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
 
 
-def check_kubernetes():
-    path = os.path.join(ROOT, "deploy/kubernetes/sidecar.yaml")
+# What a Secret's value stands for when the flags are checked (never connected to).
+SECRET_PLACEHOLDERS = {"ENTITLEMENTS_POSTGRES_URL": "postgres://user:password@db.invalid:5432/entitlements"}
+
+
+def environment_of(container, path):
+    """A container's environment; values from a Secret become placeholders."""
+    env = {}
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+        elif "secretKeyRef" in entry.get("valueFrom", {}):
+            if entry["name"] not in SECRET_PLACEHOLDERS:
+                problem(f"{path}: {entry['name']} comes from a Secret, and check.py has no placeholder for it")
+            env[entry["name"]] = SECRET_PLACEHOLDERS.get(entry["name"], "")
+    return env
+
+
+def check_fleet_jobs(documents, path):
+    """The fleet manifest's Job and CronJob run real commands with the Secret's URL."""
+    for document in documents:
+        kind = document.get("kind")
+        if kind not in ("Job", "CronJob"):
+            continue
+        spec = document["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else document["spec"]
+        for container in spec["template"]["spec"]["containers"]:
+            env = environment_of(container, path)
+            if "ENTITLEMENTS_POSTGRES_URL" not in env:
+                problem(f"{path}: {kind} {document['metadata']['name']} has no ENTITLEMENTS_POSTGRES_URL")
+            script = " ".join(container.get("args", []))
+            for command in ["db migrate", "snapshot export", "db prune"]:
+                if command in script:
+                    words = command.split()
+                    result = subprocess.run([BINARY, *words, "--help"], capture_output=True, text=True)
+                    if result.returncode != 0:
+                        problem(f"{path}: `entitlements {command}` does not exist: {result.stderr.strip()}")
+
+
+def check_kubernetes(name):
+    path = os.path.join(ROOT, "deploy/kubernetes", name)
     with open(path) as file:
         documents = [d for d in yaml.safe_load_all(file) if d]
     deployment = next((d for d in documents if d.get("kind") == "Deployment"), None)
@@ -65,8 +102,9 @@ def check_kubernetes():
     sidecar = containers.get("entitlements")
     if sidecar is None:
         return problem(f"{path}: no container named entitlements")
-    env = {e["name"]: e["value"] for e in sidecar.get("env", [])}
+    env = environment_of(sidecar, path)
     settings = serve_accepts(sidecar["args"][1:], env, what=path)
+    check_fleet_jobs(documents, path)
     admin_port = next((p["containerPort"] for p in sidecar.get("ports", []) if p.get("name") == "admin"), None)
     if settings.get("admin", "").rpartition(":")[2] != str(admin_port):
         problem(f"{path}: --admin {settings.get('admin')} does not listen on the admin port {admin_port}")
@@ -153,7 +191,8 @@ def check_systemd():
             problem(f"{unit}: systemd-analyze verify: {result.stderr.strip()}")
 
 
-check_kubernetes()
+check_kubernetes("sidecar.yaml")
+check_kubernetes("fleet-sidecar.yaml")
 check_dockerfile()
 check_systemd()
 if problems:

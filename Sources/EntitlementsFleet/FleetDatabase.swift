@@ -100,7 +100,7 @@ public struct FleetDatabaseURL: Sendable, CustomStringConvertible {
 
     public init(_ text: String) throws {
         let malformed = { (why: String) in
-            FleetError(.badURL, "--postgres: \(why); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+            FleetError(.badURL, "\(why); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
         }
         var rest: Substring
         if text.hasPrefix("postgres://") {
@@ -167,7 +167,7 @@ public struct FleetDatabaseURL: Sendable, CustomStringConvertible {
 
     private static func decode(_ text: String) throws -> String {
         guard let decoded = text.removingPercentEncodingPortable() else {
-            throw FleetError(.badURL, "--postgres: a bad %-escape in the URL")
+            throw FleetError(.badURL, "a bad %-escape in the URL")
         }
         return decoded
     }

@@ -138,6 +138,48 @@ public enum FleetSchema {
         }
     }
 
+    /// What a prune removed.
+    public struct PruneReport: Sendable {
+        public var removedRows: Int
+        /// The oldest sequence still in the change log (nil: the log is empty).
+        public var oldestKept: UInt64?
+    }
+
+    /// Removes change log rows committed before `cutoff` (Unix milliseconds), always
+    /// keeping the newest row. A server whose cursor is older than what is left starts
+    /// afresh from a snapshot (docs/fleet.md, "Retention").
+    public static func prune(_ database: FleetDatabase, olderThan cutoff: Int64) async throws -> PruneReport {
+        do {
+            return try await database.withTransaction(timeout: .seconds(3_600)) { connection in
+                var removed = 0
+                let rows = try await connection.query(
+                    """
+                    WITH gone AS (
+                        DELETE FROM change_log
+                        WHERE committed_at < to_timestamp(\(Double(cutoff) / 1000))
+                          AND seq < (SELECT max(seq) FROM change_log)
+                        RETURNING 1
+                    )
+                    SELECT count(*) FROM gone
+                    """,
+                    logger: database.logger
+                )
+                for try await count in rows.decode(Int64.self) {
+                    removed = Int(count)
+                }
+                var oldest: UInt64?
+                for try await value in try await connection.query("SELECT min(seq) FROM change_log", logger: database.logger).decode(Int64?.self) {
+                    oldest = value.map { UInt64($0) }
+                }
+                return PruneReport(removedRows: removed, oldestKept: oldest)
+            }
+        } catch let error as FleetError {
+            throw error
+        } catch {
+            throw FleetError(.database, "db prune failed, nothing was removed: \(FleetError.describe(error))")
+        }
+    }
+
     /// Checks that the database has exactly this binary's schema (what `serve` needs).
     public static func check(_ database: FleetDatabase) async throws {
         let version = try await database.withConnection { connection in

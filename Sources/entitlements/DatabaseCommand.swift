@@ -16,7 +16,7 @@ struct PostgresOption: ParsableArguments {
         do {
             return FleetDatabase(url: try FleetDatabaseURL(text), logger: Logger(label: "entitlements.fleet"))
         } catch {
-            throw ValidationError("\(error)")
+            throw ValidationError("--postgres: \(error)")
         }
     }
 
@@ -43,7 +43,7 @@ struct DatabaseCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "db",
         abstract: "Manage the PostgreSQL database of fleet mode (docs/fleet.md).",
-        subcommands: [Migrate.self, Import.self]
+        subcommands: [Migrate.self, Import.self, Prune.self]
     )
 
     struct Migrate: AsyncParsableCommand {
@@ -60,6 +60,38 @@ struct DatabaseCommand: AsyncParsableCommand {
                 } else {
                     ServeCommand.say("schema migrated from version \(report.from) to \(report.to)")
                 }
+            }
+        }
+    }
+
+    struct Prune: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Remove change log rows older than a duration (the newest row is always kept)."
+        )
+        @OptionGroup var connection: PostgresOption
+        @Option(help: "Remove rows committed longer ago than this, e.g. 7d, 36h, 90m.")
+        var olderThan: String
+
+        func validate() throws {
+            _ = try Self.milliseconds(self.olderThan)
+        }
+
+        static func milliseconds(_ text: String) throws -> Int64 {
+            let units: [(String, Int64)] = [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)]
+            for (suffix, unit) in units where text.hasSuffix(suffix) {
+                if let value = Int64(text.dropLast()), value > 0, value <= Int64.max / unit {
+                    return value * unit
+                }
+            }
+            throw ValidationError("--older-than \"\(text)\" is not a duration such as 7d, 36h, 90m or 600s")
+        }
+
+        func run() async throws {
+            try await withFleetDatabase(self.connection) { database in
+                try await FleetSchema.check(database)
+                let cutoff = WallClock.unixMilliseconds() - (try Self.milliseconds(self.olderThan))
+                let report = try await FleetSchema.prune(database, olderThan: cutoff)
+                ServeCommand.say("removed \(report.removedRows) change log rows; the oldest kept is \(report.oldestKept.map(String.init) ?? "none")")
             }
         }
     }

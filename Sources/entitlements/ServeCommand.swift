@@ -5,6 +5,7 @@ import EntitlementsServer
 import EntitlementsStore
 import Foundation
 import Logging
+import Metrics
 import NIOCore
 import NIOPosix
 import Prometheus
@@ -143,6 +144,7 @@ struct ServeCommand: AsyncParsableCommand {
         factory.defaultDurationHistogramBuckets = ServerMetrics.latencyBuckets
         let metrics = ServerMetrics(factory: factory)
         let running = RunningServer()
+        let fleetMetrics = FleetMetrics(factory: factory)
 
         // The admin listener comes first, so that probes see "starting" during replay.
         var admin: AdminServer?
@@ -151,8 +153,11 @@ struct ServeCommand: AsyncParsableCommand {
                 admin = try await AdminServer.start(
                     host: host,
                     port: port,
-                    endpoints: .init(readiness: readiness.state) {
+                    endpoints: .init(readiness: { running.describe(readiness.state()) }) {
                         await running.server?.refreshMetrics()
+                        if let fleet = running.fleet {
+                            fleetMetrics.refresh(fleet.status)
+                        }
                         var bytes: [UInt8] = []
                         registry.emit(into: &bytes)
                         return bytes
@@ -171,6 +176,7 @@ struct ServeCommand: AsyncParsableCommand {
         do {
             if let url = try settings.fleetURL() {
                 (store, fleet) = try await Self.openFleet(settings, url: url, logger: logger)
+                running.set(fleet: fleet?.tailer)
             } else {
                 store = try Self.openStore(settings)
             }
@@ -342,14 +348,60 @@ final class Readiness: Sendable {
     }
 }
 
-/// The server once started, for the metrics endpoint (which exists before it).
+/// The server once started, for the metrics endpoint (which exists before it), and in
+/// fleet mode its tailer.
 final class RunningServer: Sendable {
     private let current = Mutex<EntitlementsServer?>(nil)
+    private let tailer = Mutex<FleetTailer?>(nil)
 
     var server: EntitlementsServer? { self.current.withLock { $0 } }
+    var fleet: FleetTailer? { self.tailer.withLock { $0 } }
 
     func set(_ server: EntitlementsServer) {
         self.current.withLock { $0 = server }
+    }
+
+    func set(fleet: FleetTailer?) {
+        self.tailer.withLock { $0 = fleet }
+    }
+
+    /// /readyz: the lifecycle's answer, and in fleet mode how current this server is. A
+    /// fleet server that cannot reach PostgreSQL stays ready: it serves what it applied
+    /// (docs/fleet.md, "Failures"); the body says how stale.
+    func describe(_ state: (ready: Bool, reason: String)) -> (ready: Bool, reason: String) {
+        guard let status = self.fleet?.status else {
+            return state
+        }
+        let now = WallClock.unixMilliseconds()
+        let since = status.lastSuccessfulPoll.map { String(format: "%.1f s ago", Double(now - $0) / 1000) } ?? "never"
+        var text = "\(state.reason); fleet: applied sequence \(status.appliedSequence) of \(status.headSequence), last successful poll \(since)"
+        if let error = status.lastError {
+            text += "; last poll failed: \(error)"
+        }
+        return (state.ready, text)
+    }
+}
+
+/// Fleet mode's gauges (docs/operations.md, "Metrics"), set at each scrape.
+struct FleetMetrics: Sendable {
+    private let applied: Meter
+    private let head: Meter
+    private let sincePoll: Meter
+    private let failures: Meter
+
+    init(factory: any MetricsFactory) {
+        self.applied = Meter(label: "entitlements_fleet_applied_sequence", factory: factory)
+        self.head = Meter(label: "entitlements_fleet_head_sequence", factory: factory)
+        self.sincePoll = Meter(label: "entitlements_fleet_seconds_since_poll", factory: factory)
+        self.failures = Meter(label: "entitlements_fleet_poll_failures", factory: factory)
+    }
+
+    func refresh(_ status: FleetTailer.Status) {
+        self.applied.set(Int(status.appliedSequence))
+        self.head.set(Int(status.headSequence))
+        let since = status.lastSuccessfulPoll.map { Double(WallClock.unixMilliseconds() - $0) / 1000 } ?? -1
+        self.sincePoll.set(since)
+        self.failures.set(status.failuresInARow)
     }
 }
 

@@ -212,6 +212,15 @@ struct ServeSettings {
     /// The server configuration; throws the first invalid setting.
     func serverConfiguration() throws -> ServerConfiguration {
         let noTCP = try self.bool("no-tcp")
+        if self.text("postgres") != nil {
+            guard self.dataDirectory != nil else {
+                throw ValidationError("--postgres needs --data-dir DIR: a fleet server keeps its copy of the change log there (docs/fleet.md)")
+            }
+            _ = try self.fleetURL()
+            _ = try self.duration("fleet-poll-interval")
+            _ = try self.duration("fleet-write-wait")
+            _ = try self.bool("fleet-listen")
+        }
         if self.snapshot == nil, self.dataDirectory == nil {
             throw ValidationError("give --snapshot FILE (read-only) or --data-dir DIR (with writes), or both to seed a new data directory")
         }
@@ -224,15 +233,6 @@ struct ServeSettings {
         _ = try self.address("admin")
         _ = try self.logLevel()
         _ = try self.integer("threads", in: 1...1_024)
-        if self.text("postgres") != nil {
-            guard self.dataDirectory != nil else {
-                throw ValidationError("--postgres needs --data-dir DIR: a fleet server keeps its copy of the change log there (docs/fleet.md)")
-            }
-            _ = try self.fleetURL()
-            _ = try self.duration("fleet-poll-interval")
-            _ = try self.duration("fleet-write-wait")
-            _ = try self.bool("fleet-listen")
-        }
         return ServerConfiguration(
             tcp: noTCP ? nil : try self.address("listen"),
             unixSocketPath: self.text("unix"),

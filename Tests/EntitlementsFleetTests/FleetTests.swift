@@ -362,6 +362,93 @@ struct FleetTests {
         await b.close()
     }
 
+    @Test("serve --postgres with an unreachable database exits 2 saying so, and the password never appears")
+    func serveUnreachable() throws {
+        let port = try PostgresServer.freePort()
+        let directory = NSTemporaryDirectory() + "fleet-unreachable-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        #expect {
+            _ = try ServeProcess(["serve", "--postgres", "postgres://app:hunter2@127.0.0.1:\(port)/e", "--data-dir", directory, "--listen", "127.0.0.1:0"])
+        } throws: { error in
+            let text = "\(error)"
+            return text.contains("error: cannot serve: cannot connect to PostgreSQL at postgres://app:***@127.0.0.1:\(port)/e") && !text.contains("hunter2")
+        }
+        #expect(!FileManager.default.fileExists(atPath: directory + "/snapshot.snap"))
+    }
+
+    @Test("db prune removes old rows but the newest; a server stopped behind them starts afresh with the right state")
+    func prune() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        var b = try await world.replica("b")
+        try await tailing([a, b]) { [b] in
+            _ = try await a.store.write(FleetWorld.grant("alice", "g1"), now: world.now)
+            #expect(await b.store.waitUntilApplied(1, timeout: .seconds(20)))
+        }
+        await b.close()
+        try await tailing([a]) {
+            _ = try await a.store.write(FleetWorld.grant("alice", "g2"), now: world.now)
+            _ = try await a.store.write(FleetWorld.grant("alice", "g3"), now: world.now)
+        }
+        // Rows committed before a minute ago: none.
+        let none = try await FleetSchema.prune(a.database, olderThan: world.now - 60_000)
+        #expect(none.removedRows == 0 && none.oldestKept == 1)
+        // Everything committed before a minute from now: all but the newest.
+        let pruned = try await FleetSchema.prune(a.database, olderThan: Int64(Date().timeIntervalSince1970 * 1000) + 60_000)
+        #expect(pruned.removedRows == 2 && pruned.oldestKept == 3)
+        b = try await world.replica("b")
+        #expect(b.startup.contains("the change log now starts at 3"), "\(b.startup)")
+        #expect(try b.store.grantIds("alice") == ["g1", "g2", "g3"])
+        await a.close()
+        await b.close()
+    }
+
+    @Test("serve --postgres killed with SIGKILL at random moments resumes from its saved cursor and misses nothing", .timeLimit(.minutes(3)))
+    func killNine() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        let arguments = [
+            "serve", "--postgres", world.postgres.url, "--data-dir", world.scratch + "/b",
+            "--listen", "127.0.0.1:0", "--threads", "1", "--fleet-poll-interval", "50ms", "--min-sequence-wait", "5s",
+        ]
+        var acknowledged: [String] = []
+        var lastSequence: UInt64 = 0
+        try await tailing([a]) {
+            for round in 0..<4 {
+                let b = try ServeProcess(arguments)
+                if round > 0 {
+                    #expect(b.startup.contains("continuing from the data directory at sequence"), "\(b.startup)")
+                }
+                // Writes through A while B tails; B is killed at a random moment among them.
+                let killAfter = Int.random(in: 0..<15)
+                for index in 0..<15 {
+                    let id = "r\(round)-\(index)"
+                    let outcome = try await a.store.write(FleetWorld.grant("bob", id), now: world.now)
+                    acknowledged.append(id)
+                    lastSequence = max(lastSequence, outcome.sequence ?? 0)
+                    if index == killAfter {
+                        b.kill9()
+                    }
+                }
+                // Started again, B catches up on everything, missing nothing.
+                let again = try ServeProcess(arguments)
+                let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+                let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: again.port)), eventLoopGroup: group)
+                let answer = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "anon-bob", minLogSequence: lastSequence))
+                #expect(answer.customerId == "bob" && answer.entitlements.first { $0.id == "premium" }?.isActive == true)
+                await client.close()
+                #expect(again.terminate() == 0)
+                try await group.shutdownGracefully()
+            }
+        }
+        // The directory B kept holds every acknowledged write, in order.
+        let b = try await world.replica("b")
+        #expect(try b.store.grantIds("bob") == acknowledged.sorted())
+        #expect(b.store.committedSequence == lastSequence)
+        await a.close()
+        await b.close()
+    }
+
     @Test("PostgreSQL stopped under load: reads go on, writes fail at once with UNAVAILABLE; after a restart every acknowledged write is everywhere")
     func databaseDown() async throws {
         let world = try await FleetWorld()

@@ -67,6 +67,17 @@ let package = Package(
                 .plugin(name: "BenchmarkPlugin", package: "benchmark")
             ]
         ),
+        // The fleet profile: writes through one server, lag to another's watch (fleet.sh).
+        .executableTarget(
+            name: "FleetLoad",
+            dependencies: [
+                .product(name: "EntitlementsClient", package: mainPackage),
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Sources/FleetLoad",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // A quick closed-loop load generator (connections x requests in flight), until the
         // full harness of the benchmarks issue exists.
         .executableTarget(

@@ -1,3 +1,4 @@
+import EntitlementsStore
 public import Logging
 import NIOCore
 import NIOPosix
@@ -79,6 +80,14 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         default: return false
         }
     }
+}
+
+/// A use of a connection that ran out of time.
+private struct TimedOut: Error {}
+
+/// Whether a transaction's COMMIT has been sent (a timeout after it leaves the outcome unknown).
+private final class TransactionProgress: Sendable {
+    let commitSent = Atomic<Bool>(false)
 }
 
 /// COMMIT was sent but its answer never came (the connection broke): the transaction may or
@@ -262,47 +271,78 @@ public final class FleetDatabase: Sendable {
 
     /// Runs `body` on a connection of the set, within `timeout` (default
     /// ``statementTimeout``); a connection error or the timeout drops the connection.
-    public func withConnection<T: Sendable>(timeout: Duration? = nil, _ body: (PostgresConnection) async throws -> T) async throws -> T {
+    ///
+    /// The timeout does not rely on the connection: a query on a connection whose server
+    /// vanished was seen to wait forever, even after the connection was closed. So `body`
+    /// runs in a task of its own, and the caller stops waiting for it when the time is up;
+    /// the connection is then closed and never reused.
+    public func withConnection<T: Sendable>(
+        timeout: Duration? = nil,
+        _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        try await self.withConnection(timeout: timeout, progress: nil, body)
+    }
+
+    private func withConnection<T: Sendable>(
+        timeout: Duration?,
+        progress: TransactionProgress?,
+        _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
         let connection = try await self.lease()
         let limit = timeout ?? self.statementTimeout
-        let watchdog = Task {
-            try await Task.sleep(for: limit)
-            try? await connection.close()
+        let work = Task { try await body(connection) }
+        let outcome: Result<T, any Error> = await withCheckedContinuation { continuation in
+            let done = Atomic<Bool>(false)
+            let finish: @Sendable (Result<T, any Error>) -> Void = { result in
+                if !done.exchange(true, ordering: .acquiringAndReleasing) {
+                    continuation.resume(returning: result)
+                }
+            }
+            Task {
+                finish(await work.result)
+            }
+            Task {
+                try? await Task.sleep(for: limit)
+                finish(.failure(TimedOut()))
+            }
         }
-        /// The watchdog is stopped, and done, before the connection goes back: it must never
-        /// close a connection another caller has leased since.
-        func stopWatchdog() async {
-            watchdog.cancel()
-            _ = await watchdog.result
-        }
-        do {
-            let result = try await body(connection)
-            await stopWatchdog()
+        switch outcome {
+        case .success(let value):
             self.release(connection, broken: connection.isClosed)
-            return result
-        } catch {
-            await stopWatchdog()
+            return value
+        case .failure(let error as TimedOut):
+            _ = error
+            work.cancel()
+            self.release(connection, broken: true)
+            if progress?.commitSent.load(ordering: .acquiring) == true {
+                throw CommitOutcomeUnknown(underlying: FleetError(.unreachable, "PostgreSQL at \(self.url) did not answer COMMIT within \(limit)"))
+            }
+            throw FleetError(.unreachable, "PostgreSQL at \(self.url) did not answer within \(limit)")
+        case .failure(let error):
             self.release(connection, broken: connection.isClosed || FleetError.isConnectionFailure(error))
-            if connection.isClosed, !(error is FleetError) {
-                throw FleetError(.unreachable, "PostgreSQL at \(self.url) did not answer within \(limit) or closed the connection (\(FleetError.describe(error)))")
+            if connection.isClosed, !(error is FleetError), !(error is CommitOutcomeUnknown), !(error is WriteRefusal) {
+                throw FleetError(.unreachable, "PostgreSQL at \(self.url) closed the connection (\(FleetError.describe(error)))")
             }
             throw error
         }
     }
 
     /// Runs `body` in a transaction (`BEGIN` + `begin`, then COMMIT, or ROLLBACK if it
-    /// throws).
+    /// throws), within `timeout` as ``withConnection(timeout:_:)``.
     public func withTransaction<T: Sendable>(
         begin: String = "BEGIN",
         timeout: Duration? = nil,
-        _ body: (PostgresConnection) async throws -> T
+        _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
-        try await self.withConnection(timeout: timeout) { connection in
-            try await connection.query(PostgresQuery(unsafeSQL: begin), logger: self.logger)
+        let progress = TransactionProgress()
+        let logger = self.logger
+        return try await self.withConnection(timeout: timeout, progress: progress) { connection in
+            try await connection.query(PostgresQuery(unsafeSQL: begin), logger: logger)
             do {
                 let result = try await body(connection)
+                progress.commitSent.store(true, ordering: .releasing)
                 do {
-                    try await connection.query("COMMIT", logger: self.logger)
+                    try await connection.query("COMMIT", logger: logger)
                 } catch let error as PSQLError where error.code == .server {
                     throw error  // the server answered: it did not commit
                 } catch {
@@ -311,8 +351,8 @@ public final class FleetDatabase: Sendable {
                 }
                 return result
             } catch {
-                if !FleetError.isConnectionFailure(error) {
-                    _ = try? await connection.query("ROLLBACK", logger: self.logger)
+                if !FleetError.isConnectionFailure(error), !progress.commitSent.load(ordering: .acquiring) {
+                    _ = try? await connection.query("ROLLBACK", logger: logger)
                 }
                 throw error
             }
@@ -349,14 +389,22 @@ public final class FleetDatabase: Sendable {
             do {
                 return try await self.connect()
             } catch {
-                self.state.withLock { $0.open -= 1 }
+                // A caller waiting for a connection must not wait for this one, which will
+                // never come: it tries for itself (and fails as fast, while the database is away).
+                let waiter = self.state.withLock { state -> CheckedContinuation<PostgresConnection?, Never>? in
+                    state.open -= 1
+                    return state.waiters.isEmpty ? nil : state.waiters.removeFirst()
+                }
+                waiter?.resume(returning: nil)
                 throw error
             }
         case .wait:
             let handed = await withCheckedContinuation { continuation in
                 let ready = self.state.withLock { state -> PostgresConnection?? in
-                    if state.closed { return .some(nil) }
                     if let connection = state.idle.popLast() { return .some(connection) }
+                    // Closed, or a connection failed since the first look (its slot is free
+                    // and nobody will hand one over): look again rather than wait forever.
+                    if state.closed || state.open < self.maximumConnections { return .some(nil) }
                     state.waiters.append(continuation)
                     return nil
                 }

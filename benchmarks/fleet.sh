@@ -101,7 +101,7 @@ for mode in ("listen", "poll"):
     lines.append(f"- {mode}: {median([r['writes_per_second'] for r in runs]):,.0f} acknowledged writes/s "
                  f"({runs[0]['callers']} callers), lag A ack -> B watch p50 {median([r['lag_p50_ms'] for r in runs]):.1f} ms, "
                  f"p99 {median([r['lag_p99_ms'] for r in runs]):.1f} ms, max {max(r['lag_max_ms'] for r in runs):.1f} ms; "
-                 f"failures {sum(r['failures'] for r in runs)}, writes never seen on B {sum(r['lag_missing'] for r in runs)}")
+                 f"failures {sum(r['failures'] for r in runs)}, writes with no watch event on B (the answer did not change) {sum(r['lag_missing'] for r in runs)}")
 def p2(target):
     values = []
     for path in glob.glob(os.path.join(out, f"p2-{target}-*.json")):

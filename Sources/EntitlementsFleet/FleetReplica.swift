@@ -10,11 +10,19 @@ public final class FleetReplica: Sendable {
         /// How long a write waits after COMMIT for this server to apply it.
         public var writeWait: Duration
         public var storeOptions: CustomerStore.Options
+        /// Connections to PostgreSQL for writes and polls (the LISTEN connection is one more).
+        public var connections: Int
 
-        public init(tailer: FleetTailer.Configuration = .init(), writeWait: Duration = .seconds(1), storeOptions: CustomerStore.Options = .init()) {
+        public init(
+            tailer: FleetTailer.Configuration = .init(),
+            writeWait: Duration = .seconds(1),
+            storeOptions: CustomerStore.Options = .init(),
+            connections: Int = 4
+        ) {
             self.tailer = tailer
             self.writeWait = writeWait
             self.storeOptions = storeOptions
+            self.connections = connections
         }
     }
 
@@ -44,7 +52,7 @@ public final class FleetReplica: Sendable {
         logger: Logger,
         now: Int64
     ) async throws -> FleetReplica {
-        let database = FleetDatabase(url: url, logger: logger)
+        let database = FleetDatabase(url: url, maximumConnections: configuration.connections, logger: logger)
         do {
             try await FleetSchema.check(database)
             let (store, report, startup) = try await FleetSnapshot.openStore(

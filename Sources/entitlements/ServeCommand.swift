@@ -89,6 +89,8 @@ struct ServeCommand: AsyncParsableCommand {
     var fleetPollInterval: String?
     @Option(help: "Fleet mode: LISTEN for the writers' NOTIFY, true (default) or false (polling only).")
     var fleetListen: String?
+    @Option(help: "Fleet mode: connections to PostgreSQL for writes and polls, 1 to 100 (default 4; LISTEN takes one more).")
+    var fleetConnections: String?
     @Option(help: "Fleet mode: how long a write waits after COMMIT for this server to apply it (default 1s).")
     var fleetWriteWait: String?
 
@@ -102,7 +104,7 @@ struct ServeCommand: AsyncParsableCommand {
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
             ("admin", self.admin), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
-            ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait),
+            ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
         ]
         for case let (name, value?) in options {
             values[name] = value
@@ -301,7 +303,8 @@ struct ServeCommand: AsyncParsableCommand {
             configuration: .init(
                 tailer: .init(pollInterval: .nanoseconds(poll.nanoseconds), listen: try settings.bool("fleet-listen")),
                 writeWait: .nanoseconds(wait.nanoseconds),
-                storeOptions: .init(syncMode: try settings.syncMode(), compactAfterLogBytes: threshold == 0 ? nil : threshold)
+                storeOptions: .init(syncMode: try settings.syncMode(), compactAfterLogBytes: threshold == 0 ? nil : threshold),
+                connections: try settings.integer("fleet-connections", in: 1...100)
             ),
             logger: logger,
             now: WallClock.unixMilliseconds()

@@ -48,6 +48,7 @@ struct ServeSettings {
         Key(name: "postgres", defaultValue: nil, help: "fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md)", variable: "ENTITLEMENTS_POSTGRES_URL"),
         Key(name: "fleet-poll-interval", defaultValue: "250ms", help: "fleet mode: how often the change log is polled when no NOTIFY arrives"),
         Key(name: "fleet-listen", defaultValue: "true", help: "fleet mode: LISTEN for the writers' NOTIFY (false: polling only)"),
+        Key(name: "fleet-connections", defaultValue: "4", help: "fleet mode: connections to PostgreSQL for writes and polls, 1 to 100 (LISTEN takes one more)"),
         Key(name: "fleet-write-wait", defaultValue: "1s", help: "fleet mode: how long a write waits, after COMMIT, for this server to apply it"),
     ]
 
@@ -220,6 +221,7 @@ struct ServeSettings {
             _ = try self.duration("fleet-poll-interval")
             _ = try self.duration("fleet-write-wait")
             _ = try self.bool("fleet-listen")
+            _ = try self.integer("fleet-connections", in: 1...100)
         }
         if self.snapshot == nil, self.dataDirectory == nil {
             throw ValidationError("give --snapshot FILE (read-only) or --data-dir DIR (with writes), or both to seed a new data directory")

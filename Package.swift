@@ -134,6 +134,7 @@ let package = Package(
         .target(
             name: "EntitlementsFleet",
             dependencies: [
+                "EntitlementsFormats",
                 "EntitlementsMessages",
                 "EntitlementsStore",
                 .product(name: "PostgresNIO", package: "postgres-nio"),

@@ -15,6 +15,9 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         case unreachable
         /// The database's schema is missing, or newer than this binary knows.
         case schema
+        /// The data directory cannot serve this database and must not be replaced (it
+        /// belongs to an embedded server, or holds writes the database lost).
+        case dataDirectory
         /// The change log is not what the tailer expected (a gap, another epoch): the
         /// server must start again from a snapshot.
         case rebootstrap
@@ -41,11 +44,6 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
         if let fleet = error as? FleetError {
             return fleet.message
         }
-        if let transaction = error as? PostgresTransactionError {
-            for inner in [transaction.beginError, transaction.closureError, transaction.commitError].compactMap({ $0 }) {
-                return Self.describe(inner)
-            }
-        }
         guard let psql = error as? PSQLError else {
             return "\(error)"
         }
@@ -61,12 +59,7 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
 
     /// The SQLSTATE of a PostgreSQL error, if it is one.
     static func sqlState(_ error: any Error) -> String? {
-        if let transaction = error as? PostgresTransactionError {
-            for inner in [transaction.beginError, transaction.closureError, transaction.commitError].compactMap({ $0 }) {
-                return Self.sqlState(inner)
-            }
-        }
-        return (error as? PSQLError)?.serverInfo?[.sqlState]
+        (error as? PSQLError)?.serverInfo?[.sqlState]
     }
 
     /// Whether the error is the connection's rather than the statement's (the
@@ -85,9 +78,25 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
 /// A use of a connection that ran out of time.
 private struct TimedOut: Error {}
 
-/// Whether a transaction's COMMIT has been sent (a timeout after it leaves the outcome unknown).
+/// Where a transaction is, so that a timeout knows whether it may have committed. The body
+/// and the timeout race for one transition: either COMMIT is sent (then a timeout cannot
+/// say whether it took effect) or the transaction is abandoned (then COMMIT is never sent,
+/// and closing the connection rolls it back).
 private final class TransactionProgress: Sendable {
-    let commitSent = Atomic<Bool>(false)
+    private static let running = 0, committing = 1, abandoned = 2
+    private let state = Atomic<Int>(TransactionProgress.running)
+
+    /// Before COMMIT: false if the transaction was abandoned (do not commit).
+    func beginCommit() -> Bool {
+        self.state.compareExchange(expected: Self.running, desired: Self.committing, ordering: .acquiringAndReleasing).exchanged
+    }
+
+    /// On timeout: false if COMMIT was already sent (its outcome is unknown).
+    func abandon() -> Bool {
+        self.state.compareExchange(expected: Self.running, desired: Self.abandoned, ordering: .acquiringAndReleasing).exchanged
+    }
+
+    var commitSent: Bool { self.state.load(ordering: .acquiring) == Self.committing }
 }
 
 /// COMMIT was sent but its answer never came (the connection broke): the transaction may or
@@ -314,7 +323,7 @@ public final class FleetDatabase: Sendable {
             _ = error
             work.cancel()
             self.release(connection, broken: true)
-            if progress?.commitSent.load(ordering: .acquiring) == true {
+            if let progress, !progress.abandon() {
                 throw CommitOutcomeUnknown(underlying: FleetError(.unreachable, "PostgreSQL at \(self.url) did not answer COMMIT within \(limit)"))
             }
             throw FleetError(.unreachable, "PostgreSQL at \(self.url) did not answer within \(limit)")
@@ -340,7 +349,9 @@ public final class FleetDatabase: Sendable {
             try await connection.query(PostgresQuery(unsafeSQL: begin), logger: logger)
             do {
                 let result = try await body(connection)
-                progress.commitSent.store(true, ordering: .releasing)
+                guard progress.beginCommit() else {
+                    throw TimedOut()  // the caller has given up and said it was not stored
+                }
                 do {
                     try await connection.query("COMMIT", logger: logger)
                 } catch let error as PSQLError where error.code == .server {
@@ -351,7 +362,7 @@ public final class FleetDatabase: Sendable {
                 }
                 return result
             } catch {
-                if !FleetError.isConnectionFailure(error), !progress.commitSent.load(ordering: .acquiring) {
+                if !FleetError.isConnectionFailure(error), !progress.commitSent {
                     _ = try? await connection.query("ROLLBACK", logger: logger)
                 }
                 throw error

@@ -126,6 +126,11 @@ public enum FleetSnapshot {
             guard applied + 1 >= oldest else {
                 return "it has applied up to \(applied), but the change log now starts at \(oldest) (pruned)"
             }
+            guard applied <= head else {
+                // Only a --snapshot file gets here (a data directory that far ahead is
+                // refused above): it is not used, and stays as it is.
+                return "it holds writes up to \(applied), past the change log's head \(head)"
+            }
             return nil
         }
         let snapshotPath = "\(directory)/\(CustomerStore.snapshotFileName)"
@@ -137,7 +142,7 @@ public enum FleetSnapshot {
             guard header.fleetEpoch != nil else {
                 store.close()
                 throw FleetError(
-                    .schema,
+                    .dataDirectory,
                     "the data directory \(directory) belongs to an embedded server (its snapshot has no fleet epoch); nothing was changed. Give fleet mode a directory of its own; to move this data into the database, compact it and load the snapshot with `entitlements db import`"
                 )
             }
@@ -146,7 +151,7 @@ public enum FleetSnapshot {
                 // epoch): this directory may be the only copy of them. Never discard it.
                 store.close()
                 throw FleetError(
-                    .schema,
+                    .dataDirectory,
                     "the data directory has applied up to sequence \(applied), but the database's change log (same epoch \(epoch)) ends at \(head): the database lost writes (restored without a new epoch?). Nothing was changed; see docs/fleet.md, \"Failures\""
                 )
             }

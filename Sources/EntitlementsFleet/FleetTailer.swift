@@ -169,7 +169,7 @@ public final class FleetTailer: Sendable {
             let recovered = self.state.withLock { status -> Bool in
                 status.appliedSequence = applied
                 status.headSequence = batch.head
-                status.lastSuccessfulPoll = WallClockMilliseconds.now
+                status.lastSuccessfulPoll = WallClock.unixMilliseconds()
                 status.lastError = nil
                 defer { status.failuresInARow = 0 }
                 return status.failuresInARow > 0
@@ -218,15 +218,6 @@ public final class FleetTailer: Sendable {
             }
             try? await Task.sleep(for: self.configuration.pollInterval)
         }
-    }
-}
-
-/// The wall clock in Unix milliseconds.
-enum WallClockMilliseconds {
-    static var now: Int64 {
-        var time = timespec()
-        clock_gettime(CLOCK_REALTIME, &time)
-        return Int64(time.tv_sec) * 1_000 + Int64(time.tv_nsec) / 1_000_000
     }
 }
 

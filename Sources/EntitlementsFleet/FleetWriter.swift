@@ -1,3 +1,4 @@
+import EntitlementsFormats
 public import EntitlementsMessages
 public import EntitlementsResolver
 public import EntitlementsStore
@@ -262,119 +263,50 @@ public final class FleetWriter: WriteUpstream {
 }
 
 /// A customer record as rows of the domain tables, in the JSON `jsonb_to_recordset` reads
-/// (one round trip per table, whatever the count).
+/// (one round trip per table, whatever the count); an absent value is null.
 struct DomainRows {
-    var transactions = "["
-    var subscriptionStates = "["
-    var grants = "["
-    var isEmpty = true
+    var transactions: String
+    var subscriptionStates: String
+    var grants: String
+    var isEmpty: Bool
 
     init(_ record: CustomerRecord) {
-        var json = JSONObjects()
-        for transaction in record.transactions {
-            json.begin()
-            json.field("store", transaction.store.rawValue)
-            json.field("transaction_id", transaction.transactionId)
-            json.field("original_transaction_id", transaction.originalTransactionId)
-            json.field("product_id", transaction.productId)
-            json.field("type", transaction.type.rawValue)
-            json.field("environment", transaction.environment.rawValue)
-            json.field("transaction_date", transaction.transactionDate)
-            json.field("expiration_date", transaction.expirationDate)
-            json.field("revocation_date", transaction.revocationDate)
+        func rows(_ objects: [[(String, JSONValue)]]) -> String {
+            JSONValue.array(objects.map { .object($0) }).serialized(pretty: false)
         }
-        self.transactions = json.finish()
-        for state in record.subscriptions {
-            json.begin()
-            json.field("store", state.store.rawValue)
-            json.field("original_transaction_id", state.originalTransactionId)
-            json.field("auto_renew_enabled", state.autoRenewEnabled)
-            json.field("billing_issue_detected_date", state.billingIssueDetectedDate)
-            json.field("grace_period_expiration_date", state.gracePeriodExpirationDate)
-            json.field("is_in_billing_retry", state.isInBillingRetry)
-        }
-        self.subscriptionStates = json.finish()
-        for grant in record.grants {
-            json.begin()
-            json.field("grant_id", grant.grantId)
-            json.field("entitlement_id", grant.entitlementId)
-            json.field("granted_date", grant.grantedDate)
-            json.field("expiration_date", grant.expirationDate)
-            json.field("revoked_date", grant.revokedDate)
-        }
-        self.grants = json.finish()
+        func int(_ value: Int64?) -> JSONValue { value.map { .int($0) } ?? .null }
+        self.transactions = rows(record.transactions.map { transaction in
+            [
+                ("store", .int(Int64(transaction.store.rawValue))),
+                ("transaction_id", .string(transaction.transactionId)),
+                ("original_transaction_id", .string(transaction.originalTransactionId)),
+                ("product_id", .string(transaction.productId)),
+                ("type", .int(Int64(transaction.type.rawValue))),
+                ("environment", .int(Int64(transaction.environment.rawValue))),
+                ("transaction_date", int(transaction.transactionDate)),
+                ("expiration_date", int(transaction.expirationDate)),
+                ("revocation_date", int(transaction.revocationDate)),
+            ]
+        })
+        self.subscriptionStates = rows(record.subscriptions.map { state in
+            [
+                ("store", .int(Int64(state.store.rawValue))),
+                ("original_transaction_id", .string(state.originalTransactionId)),
+                ("auto_renew_enabled", .bool(state.autoRenewEnabled)),
+                ("billing_issue_detected_date", int(state.billingIssueDetectedDate)),
+                ("grace_period_expiration_date", int(state.gracePeriodExpirationDate)),
+                ("is_in_billing_retry", .bool(state.isInBillingRetry)),
+            ]
+        })
+        self.grants = rows(record.grants.map { grant in
+            [
+                ("grant_id", .string(grant.grantId)),
+                ("entitlement_id", .string(grant.entitlementId)),
+                ("granted_date", int(grant.grantedDate)),
+                ("expiration_date", int(grant.expirationDate)),
+                ("revoked_date", int(grant.revokedDate)),
+            ]
+        })
         self.isEmpty = record.transactions.isEmpty && record.subscriptions.isEmpty && record.grants.isEmpty
-    }
-}
-
-/// A JSON array of flat objects, written by hand (no Foundation on this path).
-private struct JSONObjects {
-    private var text = "["
-    private var objectOpen = false
-    private var firstField = true
-
-    mutating func begin() {
-        self.close()
-        if self.text != "[" {
-            self.text += ","
-        }
-        self.text += "{"
-        self.objectOpen = true
-        self.firstField = true
-    }
-
-    private mutating func close() {
-        if self.objectOpen {
-            self.text += "}"
-            self.objectOpen = false
-        }
-    }
-
-    private mutating func key(_ name: String) {
-        if !self.firstField {
-            self.text += ","
-        }
-        self.firstField = false
-        self.text += "\"\(name)\":"
-    }
-
-    mutating func field(_ name: String, _ value: String?) {
-        guard let value else { return }
-        self.key(name)
-        self.text += "\""
-        for scalar in value.unicodeScalars {
-            switch scalar {
-            case "\"": self.text += "\\\""
-            case "\\": self.text += "\\\\"
-            case _ where scalar.value < 0x20:
-                let hex = String(scalar.value, radix: 16)
-                self.text += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: self.text.unicodeScalars.append(scalar)
-            }
-        }
-        self.text += "\""
-    }
-
-    mutating func field(_ name: String, _ value: Int64?) {
-        guard let value else { return }
-        self.key(name)
-        self.text += String(value)
-    }
-
-    mutating func field(_ name: String, _ value: Int32) {
-        self.key(name)
-        self.text += String(value)
-    }
-
-    mutating func field(_ name: String, _ value: Bool) {
-        self.key(name)
-        self.text += value ? "true" : "false"
-    }
-
-    /// The array so far, and a fresh one begun.
-    mutating func finish() -> String {
-        self.close()
-        defer { self = JSONObjects() }
-        return self.text + "]"
     }
 }

@@ -1,6 +1,7 @@
 /// A JSON value with ordered object keys, and its serialisation. Output formats build
-/// these so that key order is fixed (the schema's order) and output is byte-for-byte stable.
-enum JSONValue {
+/// these so that key order is fixed (the schema's order) and output is byte-for-byte stable;
+/// fleet mode builds the rows of its column tables with it.
+public enum JSONValue {
     case null
     case bool(Bool)
     case int(Int64)
@@ -12,7 +13,8 @@ enum JSONValue {
         milliseconds.map { .string(RFC3339.format($0)) } ?? .null
     }
 
-    static func string(_ value: String?) -> JSONValue {
+    /// A string, or null when absent.
+    public static func string(_ value: String?) -> JSONValue {
         value.map { .string($0) } ?? .null
     }
 
@@ -21,7 +23,7 @@ enum JSONValue {
     }
 
     /// Serialises the value: compact, or pretty with two-space indentation.
-    func serialized(pretty: Bool) -> String {
+    public func serialized(pretty: Bool) -> String {
         var out = ""
         self.write(to: &out, pretty: pretty, indent: 0)
         return out

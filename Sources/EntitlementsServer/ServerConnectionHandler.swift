@@ -289,7 +289,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             deadline: deadline
         )
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        if request.minLogSequence > 0, !self.services.store.hasApplied(request.minLogSequence) {
+        if request.minLogSequence > 0, self.services.store.appliedSequence < request.minLogSequence {
             self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
                 let promise = handler.context.eventLoop.makePromise(of: CheckOutcome.self)
                 handler.pool.check(query, for: handler.scope, completing: promise)
@@ -429,7 +429,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         let instant = request.at ?? WallClock.unixMilliseconds()
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        if request.minLogSequence > 0, !self.services.store.hasApplied(request.minLogSequence) {
+        if request.minLogSequence > 0, self.services.store.appliedSequence < request.minLogSequence {
             self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
                 handler.runBatch(request, instant: instant, requestID: requestID, deadline: deadline)
             }
@@ -1026,16 +1026,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             value >>= 7
         }
         buffer.writeInteger(UInt8(value))
-    }
-}
-
-/// The wall clock, for evaluation instants ("now" when a request gives none).
-public enum WallClock {
-    /// The current time in Unix milliseconds.
-    public static func unixMilliseconds() -> Int64 {
-        var spec = timespec()
-        clock_gettime(CLOCK_REALTIME, &spec)
-        return Int64(spec.tv_sec) * 1_000 + Int64(spec.tv_nsec) / 1_000_000
     }
 }
 

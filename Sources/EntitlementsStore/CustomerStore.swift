@@ -182,21 +182,14 @@ public final class CustomerStore: Sendable {
         }
     }
 
-    /// Whether every write up to `sequence` is acknowledged here (visible, caches dropped).
-    public func hasApplied(_ sequence: UInt64) -> Bool {
-        self.state.withLock { $0.acknowledgedSequence >= sequence }
-    }
-
-    /// The last sequence acknowledged here.
+    /// The last sequence acknowledged here: every write up to it is visible and its cached
+    /// answers are dropped.
     public var appliedSequence: UInt64 { self.state.withLock { $0.acknowledgedSequence } }
 
     /// A read waits for writes this store has not applied: fleet mode polls now.
     public func requestCatchUp() {
         self.state.withLock { $0.catchUp }?()
     }
-
-    /// Whether writes go to an upstream (fleet mode).
-    public var forwardsWrites: Bool { self.state.withLock { $0.upstream != nil } }
 
     /// Work to do when a write has become durable and visible, before it is acknowledged
     /// (the server drops cached answers and tells watchers); it calls the closure it is
@@ -557,8 +550,8 @@ public final class CustomerStore: Sendable {
     }
 
     /// Returns true once writes up to `sequence` are acknowledged (visible, caches
-    /// dropped), or false after `timeout` or if the log failed.
-    public func waitUntilApplied(_ sequence: UInt64, timeout: Duration) async -> Bool {
+    /// dropped), or false after `timeout` (nil: no limit) or if the log failed.
+    public func waitUntilApplied(_ sequence: UInt64, timeout: Duration?) async -> Bool {
         await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
             let resumed = Atomic<Bool>(false)
             let resume: @Sendable (Bool) -> Void = { value in
@@ -574,7 +567,7 @@ public final class CustomerStore: Sendable {
                 state.barriers.append((sequence, id, resume))
                 return id
             }
-            guard let id else { return }
+            guard let id, let timeout else { return }
             let nanoseconds = max(0, timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) {
                 self.state.withLock { $0.barriers.removeAll { $0.id == id } }
@@ -668,7 +661,7 @@ public final class CustomerStore: Sendable {
         // 1. Later writes go to a new segment; wait until every earlier one is visible.
         let firstOfNewSegment = try await log.rotate()
         CrashPoint.reach("compact.rotated")
-        guard await self.waitUntilCommitted(firstOfNewSegment - 1) else {
+        guard await self.waitUntilApplied(firstOfNewSegment - 1, timeout: nil) else {
             throw WriteRefusal(.unavailable, "the log failed; restart the server to replay it")
         }
         let (overlay, sequence, old) = self.state.withLock { ($0.committed, $0.committedSequence, $0.snapshot) }
@@ -717,22 +710,6 @@ public final class CustomerStore: Sendable {
         let removed = try log.removeSegments(coveredBy: sequence)
         CrashPoint.reach("compact.segments-removed")
         return CompactionReport(snapshotId: fresh.header.snapshotId ?? "", lastLogSequence: sequence, customers: written, removedSegments: removed)
-    }
-
-    /// Returns once writes up to `sequence` are visible to readers.
-    /// Returns false if the log failed first.
-    private func waitUntilCommitted(_ sequence: UInt64) async -> Bool {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let done = self.state.withLock { state -> Bool? in
-                if state.logFailed { return false }
-                if state.acknowledgedSequence >= sequence { return true }
-                state.barriers.append((sequence, 0, { continuation.resume(returning: $0) }))
-                return nil
-            }
-            if let done {
-                continuation.resume(returning: done)
-            }
-        }
     }
 
     /// Runs blocking file work on a thread of its own, not on Swift's cooperative pool.

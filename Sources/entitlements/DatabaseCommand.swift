@@ -1,6 +1,6 @@
 import ArgumentParser
 import EntitlementsFleet
-import EntitlementsServer
+import EntitlementsStore
 import Foundation
 import Logging
 

@@ -1,5 +1,5 @@
 import ArgumentParser
-import EntitlementsServer
+import EntitlementsStore
 import EntitlementsFormats
 import EntitlementsMessages
 import EntitlementsResolver

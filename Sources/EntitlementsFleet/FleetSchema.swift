@@ -100,7 +100,92 @@ public enum FleetSchema {
                 committed_at timestamptz NOT NULL DEFAULT now()
             )
             """,
-        ]
+        ],
+        // 2: a write in fewer round trips (FleetWriter). Locking a customer and reading it
+        // are one call; the read must take its snapshot after the lock is granted, which a
+        // VOLATILE PL/pgSQL function does (each of its statements takes a fresh snapshot
+        // under READ COMMITTED), and a single SQL statement does not.
+        [
+            """
+            CREATE FUNCTION entitlements_lock_customer(lookup_id text)
+            RETURNS TABLE (customer_record bytea, customer_last_seq bigint)
+            LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                PERFORM pg_advisory_xact_lock(hashtextextended(lookup_id, 0));
+                RETURN QUERY
+                    SELECT c.record, c.last_seq FROM customers c
+                    WHERE c.customer_id = lookup_id
+                       OR c.customer_id = (SELECT a.customer_id FROM aliases a WHERE a.alias = lookup_id)
+                    ORDER BY c.customer_id = lookup_id DESC
+                    LIMIT 1
+                    FOR UPDATE OF c;
+            END
+            $$
+            """,
+            // The changes of a group of writes, in order, in one call. kinds: 1 insert a
+            // customer (without ON CONFLICT: one created meanwhile by another transaction
+            // fails the group with 23505, and the writer runs it again), 2 update one, 3
+            // delete one (its aliases and rows go with it), 4 remove an alias, 5 link an
+            // alias to p_owners[i]. An inserted or updated customer's rows in a domain
+            // table are replaced as a whole, unless the writer passed JSON null for that
+            // table (its rows did not change).
+            """
+            CREATE FUNCTION entitlements_apply_changes(
+                p_kinds smallint[], p_ids text[], p_records bytea[], p_owners text[],
+                p_transactions jsonb[], p_subscription_states jsonb[], p_grants jsonb[]
+            ) RETURNS void
+            LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                FOR i IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
+                    CASE p_kinds[i]
+                    WHEN 1 THEN
+                        INSERT INTO customers (customer_id, record, last_seq) VALUES (p_ids[i], p_records[i], 0);
+                    WHEN 2 THEN
+                        UPDATE customers SET record = p_records[i] WHERE customer_id = p_ids[i];
+                    WHEN 3 THEN
+                        DELETE FROM customers WHERE customer_id = p_ids[i];
+                    WHEN 4 THEN
+                        DELETE FROM aliases WHERE alias = p_ids[i];
+                    WHEN 5 THEN
+                        INSERT INTO aliases (alias, customer_id) VALUES (p_ids[i], p_owners[i])
+                        ON CONFLICT (alias) DO UPDATE SET customer_id = EXCLUDED.customer_id;
+                    END CASE;
+                    CONTINUE WHEN p_kinds[i] NOT IN (1, 2);
+                    IF p_transactions[i] <> 'null' THEN
+                        DELETE FROM transactions WHERE customer_id = p_ids[i];
+                        INSERT INTO transactions (customer_id, store, transaction_id, original_transaction_id, product_id,
+                            type, environment, transaction_date, expiration_date, revocation_date)
+                        SELECT p_ids[i], j.store, j.transaction_id, j.original_transaction_id, j.product_id,
+                            j.type, j.environment, j.transaction_date, j.expiration_date, j.revocation_date
+                        FROM jsonb_to_recordset(p_transactions[i]) AS j(store smallint, transaction_id text,
+                            original_transaction_id text, product_id text, type smallint, environment smallint,
+                            transaction_date bigint, expiration_date bigint, revocation_date bigint)
+                        ON CONFLICT DO NOTHING;
+                    END IF;
+                    IF p_subscription_states[i] <> 'null' THEN
+                        DELETE FROM subscription_states WHERE customer_id = p_ids[i];
+                        INSERT INTO subscription_states (customer_id, store, original_transaction_id, auto_renew_enabled,
+                            billing_issue_detected_date, grace_period_expiration_date, is_in_billing_retry)
+                        SELECT p_ids[i], j.store, j.original_transaction_id, j.auto_renew_enabled,
+                            j.billing_issue_detected_date, j.grace_period_expiration_date, j.is_in_billing_retry
+                        FROM jsonb_to_recordset(p_subscription_states[i]) AS j(store smallint,
+                            original_transaction_id text, auto_renew_enabled boolean, billing_issue_detected_date bigint,
+                            grace_period_expiration_date bigint, is_in_billing_retry boolean)
+                        ON CONFLICT DO NOTHING;
+                    END IF;
+                    IF p_grants[i] <> 'null' THEN
+                        DELETE FROM grants WHERE customer_id = p_ids[i];
+                        INSERT INTO grants (customer_id, grant_id, entitlement_id, granted_date, expiration_date, revoked_date)
+                        SELECT p_ids[i], j.grant_id, j.entitlement_id, j.granted_date, j.expiration_date, j.revoked_date
+                        FROM jsonb_to_recordset(p_grants[i]) AS j(grant_id text, entitlement_id text,
+                            granted_date bigint, expiration_date bigint, revoked_date bigint)
+                        ON CONFLICT DO NOTHING;
+                    END IF;
+                END LOOP;
+            END
+            $$
+            """,
+        ],
     ]
 
     /// What a migration run did.

@@ -78,16 +78,19 @@ public enum FleetSnapshot {
                 )
                 var records: [CustomerRecord] = []
                 try snapshot.forEachRecord { record, _ in records.append(record) }
+                // A thousand customers per round trip.
+                var changes = FleetWriter.PendingChanges()
                 for record in records {
-                    try await FleetWriter.upsert(record, isNew: true, on: connection, logger: logger)
-                    let aliases = record.aliases
-                    if let id = record.id, !aliases.isEmpty {
-                        try await connection.query(
-                            "INSERT INTO aliases (alias, customer_id) SELECT unnest(\(aliases)::text[]), \(id)",
-                            logger: logger
-                        )
+                    guard let id = record.id else { continue }
+                    try changes.append(.insertCustomer, id, record: record)
+                    for alias in record.aliases {
+                        try changes.append(.linkAlias, alias, owner: id)
+                    }
+                    if changes.kinds.count >= 1_000 {
+                        try await changes.flush(on: connection, logger: logger)
                     }
                 }
+                try await changes.flush(on: connection, logger: logger)
                 return UInt64(records.count)
             }
         } catch let error as FleetError {

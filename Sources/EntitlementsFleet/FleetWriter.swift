@@ -5,12 +5,20 @@ public import EntitlementsStore
 import Logging
 import NIOCore
 import PostgresNIO
+import Synchronization
 
-/// The write path of fleet mode (docs/fleet.md, "Writes"): each write is one PostgreSQL
-/// transaction that reads and locks the customers it touches, computes their new records
-/// with the same rules as an embedded server (``CustomerMutation``), updates the domain
-/// tables, takes the next sequence number from `change_head` and appends the write's
-/// effect to `change_log`. It is acknowledged after COMMIT.
+/// The write path of fleet mode (docs/fleet.md, "Writes"): writes run in PostgreSQL
+/// transactions that read and lock the customers they touch, compute their new records
+/// with the same rules as an embedded server (``CustomerMutation``), update the domain
+/// tables, take the next sequence numbers from `change_head` and append each write's
+/// effect to `change_log`. A write is acknowledged after COMMIT.
+///
+/// Writes that arrive while a transaction is running are committed together, in one
+/// transaction, in arrival order (group commit): the `change_head` row lock and the commit
+/// flush are paid once per group rather than once per write, which is what bounds a
+/// counter row's throughput. Each write still gets its own sequence number and its own
+/// answer; a write the rules refuse fails alone, and a write PostgreSQL refuses is run
+/// again alone so that it cannot fail its neighbours.
 public final class FleetWriter: WriteUpstream {
     /// The NOTIFY channel: a hint that the change log grew (the payload is the sequence).
     public static let notifyChannel = "entitlements_changes"
@@ -19,15 +27,40 @@ public final class FleetWriter: WriteUpstream {
     private let catalog: ProductCatalog
     /// Runs after each commit with its sequence (the server's tailer polls at once).
     private let committed: @Sendable (UInt64) -> Void
+    private let queue = Mutex(Queue())
+    private let concurrentGroups: Int
 
     /// Transactions lost to a concurrent writer (deadlock, a customer created twice at
     /// once, an alias that moved) are run again, this many times at most.
     static let maximumAttempts = 8
+    /// The most writes one transaction commits.
+    static let maximumGroup = 64
 
-    public init(database: FleetDatabase, catalog: ProductCatalog, committed: @escaping @Sendable (UInt64) -> Void = { _ in }) {
+    /// - Parameter concurrentGroups: how many transactions may run at once; further writes
+    ///   wait and join the next group. One is fastest measured (docs/fleet.md, "Measured"):
+    ///   groups running at once queue on the `change_head` row and on the CPU, and a
+    ///   single group grows to absorb the load.
+    public init(
+        database: FleetDatabase,
+        catalog: ProductCatalog,
+        concurrentGroups: Int = 1,
+        committed: @escaping @Sendable (UInt64) -> Void = { _ in }
+    ) {
         self.database = database
         self.catalog = catalog
+        self.concurrentGroups = max(1, concurrentGroups)
         self.committed = committed
+    }
+
+    private struct Pending: Sendable {
+        var mutation: LogRecord.Mutation
+        var now: Int64
+        var answer: CheckedContinuation<CustomerStore.UpstreamWrite, any Error>
+    }
+
+    private struct Queue: Sendable {
+        var waiting: [Pending] = []
+        var running = 0
     }
 
     /// A lookup the rules asked for that this transaction has not read yet.
@@ -39,20 +72,49 @@ public final class FleetWriter: WriteUpstream {
     private struct AliasMoved: Error {}
 
     public func write(_ mutation: LogRecord.Mutation, now: Int64) async throws -> CustomerStore.UpstreamWrite {
+        // Every continuation is resumed: a group always answers each of its writes, and
+        // FleetDatabase bounds each use of a connection in time.
+        try await withCheckedThrowingContinuation { answer in
+            let lead = self.queue.withLock { queue -> Bool in
+                queue.waiting.append(Pending(mutation: mutation, now: now, answer: answer))
+                guard queue.running < self.concurrentGroups else { return false }
+                queue.running += 1
+                return true
+            }
+            if lead {
+                Task { await self.commitGroups() }
+            }
+        }
+    }
+
+    /// Commits the waiting writes, a group at a time, until none is left.
+    private func commitGroups() async {
+        while true {
+            let group = self.queue.withLock { queue -> [Pending] in
+                let group = Array(queue.waiting.prefix(Self.maximumGroup))
+                queue.waiting.removeFirst(group.count)
+                if group.isEmpty {
+                    queue.running -= 1
+                }
+                return group
+            }
+            guard !group.isEmpty else { return }
+            let results = await self.commit(group)
+            if let last = results.compactMap({ try? $0.get() }).filter(\.changed).map(\.sequence).max() {
+                self.committed(last)
+            }
+            for (pending, result) in zip(group, results) {
+                pending.answer.resume(with: result)
+            }
+        }
+    }
+
+    /// One answer per write of `group`, in order.
+    private func commit(_ group: [Pending]) async -> [Result<CustomerStore.UpstreamWrite, any Error>] {
         var attempt = 1
         while true {
             do {
-                let written = try await self.attempt(mutation, now: now)
-                if written.changed {
-                    self.committed(written.sequence)
-                }
-                return written
-            } catch let refusal as WriteRefusal {
-                throw refusal
-            } catch let error as ProtobufError {
-                // A value the wire format cannot carry (only in-process callers can send one:
-                // the framed protocol refuses it when it decodes the request).
-                throw WriteRefusal(.invalidArgument, "\(error)")
+                return try await self.attempt(group)
             } catch {
                 let state = FleetError.sqlState(error)
                 // 40P01 deadlock, 40001 serialization failure, 23505 a concurrent insert of
@@ -62,11 +124,24 @@ public final class FleetWriter: WriteUpstream {
                     attempt += 1
                     continue
                 }
+                if group.count > 1, state != nil {
+                    // PostgreSQL refused a statement (the transaction rolled back, the
+                    // connection is fine): run each write alone, so that only the write
+                    // at fault fails.
+                    var results: [Result<CustomerStore.UpstreamWrite, any Error>] = []
+                    for pending in group {
+                        results += await self.commit([pending])
+                    }
+                    return results
+                }
+                let refusal: WriteRefusal
                 if let state, state.hasPrefix("22") {
                     // A data exception: a value PostgreSQL cannot store (e.g. a NUL byte in an id).
-                    throw WriteRefusal(.invalidArgument, "a value of this write cannot be stored: \(FleetError.describe(error))")
+                    refusal = WriteRefusal(.invalidArgument, "a value of this write cannot be stored: \(FleetError.describe(error))")
+                } else {
+                    refusal = WriteRefusal(.unavailable, Self.unavailable(error))
                 }
-                throw WriteRefusal(.unavailable, Self.unavailable(error))
+                return group.map { _ in .failure(refusal) }
             }
         }
     }
@@ -78,204 +153,352 @@ public final class FleetWriter: WriteUpstream {
         return "the write was not stored (PostgreSQL: \(FleetError.describe(error)))"
     }
 
-    private func attempt(_ mutation: LogRecord.Mutation, now: Int64) async throws -> CustomerStore.UpstreamWrite {
+    /// How one write of a group ends, before the group's sequence numbers are known.
+    private enum Outcome {
+        case refused(WriteRefusal)
+        /// A write that changes nothing: it answers the sequence of the customer's last
+        /// change, `effect` when that change is an earlier write of this group.
+        case unchanged(customerId: String, sequence: Int64, effect: Int?)
+        case changed(customerId: String, created: Bool, effect: Int)
+    }
+
+    private func attempt(_ group: [Pending]) async throws -> [Result<CustomerStore.UpstreamWrite, any Error>] {
         let logger = self.database.logger
         let catalog = self.catalog
         return try await self.database.withTransaction { connection in
-            var known: [String: CustomerRecord?] = [:]
-            var lastSequence: [String: Int64] = [:]
-            let effect: WriteEffect
-            while true {
+            var reads = GroupReads()
+            var changes = PendingChanges()
+            var outcomes: [Outcome] = []
+            var effects: [WriteEffect] = []
+            // Customer id -> the last effect of this group that changed it.
+            var lastEffect: [String: Int] = [:]
+            // The id each write looks up first, locked and read in one round trip.
+            try await reads.prefetch(
+                group.compactMap { reads.firstLookup(of: $0.mutation, now: $0.now, catalog: catalog) },
+                on: connection,
+                logger: logger
+            )
+            for pending in group {
                 do {
-                    let snapshot = known
-                    effect = try CustomerMutation(catalog: catalog) { userId in
-                        guard let record = snapshot[userId] else {
-                            throw NeedsLookup(userId: userId)
+                    var effect: WriteEffect
+                    while true {
+                        do {
+                            effect = try reads.effect(of: pending.mutation, now: pending.now, catalog: catalog)
+                            break
+                        } catch let need as NeedsLookup {
+                            // The tables must hold this group's earlier writes before they are read.
+                            try await changes.flush(on: connection, logger: logger)
+                            try await reads.lookUp(need.userId, on: connection, logger: logger)
                         }
-                        return record
-                    }.effect(of: mutation, now: now)
-                    break
-                } catch let need as NeedsLookup {
-                    let (record, sequence) = try await Self.lockedCustomer(need.userId, on: connection, logger: logger)
-                    known[need.userId] = .some(record)
-                    if let id = record?.id {
-                        lastSequence[id] = sequence
                     }
+                    guard effect.changed else {
+                        outcomes.append(
+                            .unchanged(customerId: effect.customerId, sequence: reads.lastSequence(of: effect.customerId), effect: lastEffect[effect.customerId])
+                        )
+                        continue
+                    }
+                    try changes.add(effect, reads: &reads)
+                    reads.apply(effect)
+                    for customerId in effect.records.keys {
+                        lastEffect[customerId] = effects.count
+                    }
+                    outcomes.append(.changed(customerId: effect.customerId, created: effect.created, effect: effects.count))
+                    effects.append(effect)
+                } catch let refusal as WriteRefusal {
+                    outcomes.append(.refused(refusal))
+                } catch let error as ProtobufError {
+                    // A value the wire format cannot carry (only in-process callers can send
+                    // one: the framed protocol refuses it when it decodes the request).
+                    outcomes.append(.refused(WriteRefusal(.invalidArgument, "\(error)")))
                 }
             }
-            let existing = Set(known.values.compactMap { $0?.id })
-            guard effect.changed else {
-                return CustomerStore.UpstreamWrite(
-                    customerId: effect.customerId,
-                    sequence: UInt64(max(0, lastSequence[effect.customerId] ?? 0)),
-                    changed: false,
-                    created: false
-                )
+            try await changes.flush(on: connection, logger: logger)
+            let first = effects.isEmpty ? 0 : try await Self.append(effects, on: connection, logger: logger)
+            return outcomes.map { outcome -> Result<CustomerStore.UpstreamWrite, any Error> in
+                switch outcome {
+                case .refused(let refusal):
+                    return .failure(refusal)
+                case .unchanged(let customerId, let sequence, let effect):
+                    let sequence = effect.map { first + UInt64($0) } ?? UInt64(max(0, sequence))
+                    return .success(CustomerStore.UpstreamWrite(customerId: customerId, sequence: sequence, changed: false, created: false))
+                case .changed(let customerId, let created, let effect):
+                    return .success(CustomerStore.UpstreamWrite(customerId: customerId, sequence: first + UInt64(effect), changed: true, created: created))
+                }
             }
-            try await Self.store(effect, existing: existing, on: connection, logger: logger)
-            let sequence = try await Self.append(effect, on: connection, logger: logger)
-            return CustomerStore.UpstreamWrite(customerId: effect.customerId, sequence: sequence, changed: true, created: effect.created)
+        }
+    }
+
+    /// What a group's transaction has read: every id it looked up (locked until the
+    /// transaction ends), as the tables will hold it once this group's changes so far are
+    /// flushed.
+    struct GroupReads {
+        /// Lookup id (a customer id or an alias) -> the record it names.
+        var records: [String: CustomerRecord?] = [:]
+        /// Customer id -> the sequence of its last change, as read.
+        var sequences: [String: Int64] = [:]
+        /// Customer id -> whether its row exists once the pending changes are flushed.
+        var present: [String: Bool] = [:]
+
+        /// The first id `mutation` looks up, with nothing read yet (nil for a write that
+        /// the rules refuse before any lookup).
+        func firstLookup(of mutation: LogRecord.Mutation, now: Int64, catalog: ProductCatalog) -> String? {
+            do {
+                _ = try CustomerMutation(catalog: catalog) { throw NeedsLookup(userId: $0) }.effect(of: mutation, now: now)
+                return nil
+            } catch let need as NeedsLookup {
+                return need.userId
+            } catch {
+                return nil
+            }
+        }
+
+        func effect(of mutation: LogRecord.Mutation, now: Int64, catalog: ProductCatalog) throws -> WriteEffect {
+            let records = self.records
+            return try CustomerMutation(catalog: catalog) { userId in
+                guard let record = records[userId] else {
+                    throw NeedsLookup(userId: userId)
+                }
+                return record
+            }.effect(of: mutation, now: now)
+        }
+
+        /// The record of customer `customerId` as read (and brought up to date), if it was.
+        func record(of customerId: String) -> CustomerRecord? {
+            if let record = self.records[customerId] ?? nil, record.id == customerId {
+                return record
+            }
+            return self.records.values.lazy.compactMap { $0 }.first { $0.id == customerId }
+        }
+
+        func lastSequence(of customerId: String) -> Int64 {
+            self.sequences[customerId] ?? 0
+        }
+
+        /// Locks and reads `ids` (sorted, so that groups running at once take their
+        /// first locks in one order) in one round trip.
+        mutating func prefetch(_ ids: [String], on connection: PostgresConnection, logger: Logger) async throws {
+            let ids = Array(Set(ids)).sorted()
+            guard !ids.isEmpty else { return }
+            let rows = try await connection.query(
+                """
+                SELECT u.id, l.customer_record, l.customer_last_seq
+                FROM unnest(\(ids)::text[]) WITH ORDINALITY AS u(id, ordinal)
+                LEFT JOIN LATERAL entitlements_lock_customer(u.id) l ON true
+                ORDER BY u.ordinal
+                """,
+                logger: logger
+            )
+            for try await (id, bytes, sequence) in rows.decode((String, ByteBuffer?, Int64?).self) {
+                try self.remember(id, bytes.map { try CustomerRecord(buffer: $0) }, sequence: sequence ?? 0)
+            }
+        }
+
+        mutating func lookUp(_ id: String, on connection: PostgresConnection, logger: Logger) async throws {
+            let (record, sequence) = try await FleetWriter.lockedCustomer(id, on: connection, logger: logger)
+            try self.remember(id, record, sequence: sequence)
+        }
+
+        private mutating func remember(_ id: String, _ record: CustomerRecord?, sequence: Int64) throws {
+            if let record, let customerId = record.id {
+                // Locked after the alias was read: if the alias moved meanwhile, start again.
+                guard customerId == id || record.aliases.contains(id) else {
+                    throw AliasMoved()
+                }
+                self.sequences[customerId] = sequence
+                self.present[customerId] = true
+            } else if self.present[id] == nil {
+                self.present[id] = false
+            }
+            self.records[id] = .some(record)
+        }
+
+        /// Brings what was read up to date with `effect` (not yet flushed): an id that
+        /// still names the same customer gets its new record; any other id the effect
+        /// touched is forgotten, and read again (after a flush) if a later write needs it.
+        mutating func apply(_ effect: WriteEffect) {
+            for (id, record) in self.records {
+                let customerId = record?.id ?? id
+                guard effect.records[customerId] != nil || effect.records[id] != nil || effect.aliases[id] != nil else {
+                    continue
+                }
+                if effect.aliases[id] == nil, let new = effect.records[customerId] ?? nil, new.id == id || new.aliases.contains(id) {
+                    self.records[id] = .some(new)
+                } else {
+                    self.records[id] = nil
+                }
+            }
+        }
+    }
+
+    /// Changes to the tables not yet sent, in order, sent in one round trip
+    /// (`entitlements_apply_changes`, schema version 2). Arrays of PostgreSQL cannot be
+    /// bound with nulls here: a value a kind does not use is empty.
+    struct PendingChanges {
+        var kinds: [Int16] = []
+        var ids: [String] = []
+        var records: [ByteBuffer] = []
+        var owners: [String] = []
+        var transactions: [String] = []
+        var subscriptionStates: [String] = []
+        var grants: [String] = []
+
+        var isEmpty: Bool { self.kinds.isEmpty }
+
+        /// The kinds `entitlements_apply_changes` knows.
+        enum Kind: Int16 {
+            case insertCustomer = 1, updateCustomer = 2, deleteCustomer = 3, removeAlias = 4, linkAlias = 5
+        }
+
+        /// - Parameter previous: what the tables hold for the customer now: only the
+        ///   domain tables whose rows differ are rewritten.
+        mutating func append(_ kind: Kind, _ id: String, record: CustomerRecord? = nil, previous: DomainRows.Previous = .none, owner: String? = nil) throws {
+            self.kinds.append(kind.rawValue)
+            self.ids.append(id)
+            self.owners.append(owner ?? "")
+            if let record {
+                var bytes = ByteBuffer()
+                try record.serialize(into: &bytes)
+                let rows = DomainRows(record, previous: previous)
+                self.records.append(bytes)
+                self.transactions.append(rows.transactions)
+                self.subscriptionStates.append(rows.subscriptionStates)
+                self.grants.append(rows.grants)
+            } else {
+                self.records.append(ByteBuffer())
+                self.transactions.append("null")
+                self.subscriptionStates.append("null")
+                self.grants.append("null")
+            }
+        }
+
+        /// Adds the effect's customers (sorted by id) and aliases. A customer not present
+        /// in the tables is inserted without ON CONFLICT: had another transaction created
+        /// it meanwhile, the insert fails (23505) and the group is run again.
+        mutating func add(_ effect: WriteEffect, reads: inout GroupReads) throws {
+            for (customerId, record) in effect.records.sorted(by: { $0.key < $1.key }) {
+                if let record {
+                    if reads.present[customerId] == true {
+                        try self.append(.updateCustomer, customerId, record: record, previous: reads.record(of: customerId).map { .record($0) } ?? .unknown)
+                    } else {
+                        try self.append(.insertCustomer, customerId, record: record)
+                    }
+                    reads.present[customerId] = true
+                } else {
+                    // Its aliases and rows go with it (ON DELETE CASCADE).
+                    try self.append(.deleteCustomer, customerId)
+                    reads.present[customerId] = false
+                }
+            }
+            for (alias, owner) in effect.aliases.sorted(by: { $0.key < $1.key }) {
+                try self.append(owner == nil ? .removeAlias : .linkAlias, alias, owner: owner)
+            }
+        }
+
+        mutating func flush(on connection: PostgresConnection, logger: Logger) async throws {
+            guard !self.kinds.isEmpty else { return }
+            try await connection.query(
+                """
+                SELECT entitlements_apply_changes(\(self.kinds)::smallint[], \(self.ids)::text[], \(self.records)::bytea[],
+                    \(self.owners)::text[], \(self.transactions)::jsonb[], \(self.subscriptionStates)::jsonb[], \(self.grants)::jsonb[])
+                """,
+                logger: logger
+            )
+            self = PendingChanges()
         }
     }
 
     /// The record `userId` (a customer id or an alias) names, with its row locked until the
     /// transaction ends, and the sequence of its last change.
     ///
-    /// The id itself is locked first (a transaction-scoped advisory lock on its hash),
-    /// whether or not anything has it yet: two writes that would each create customer X,
-    /// or link alias X, or one of each, run one after the other, and the second sees what
-    /// the first committed. Two writes that lock the same ids in another order deadlock,
-    /// which PostgreSQL detects; the loser is run again.
+    /// `entitlements_lock_customer` (schema version 2) locks the id itself first (a
+    /// transaction-scoped advisory lock on its hash), whether or not anything has it yet,
+    /// then reads with a fresh snapshot: two writes that would each create customer X, or
+    /// link alias X, or one of each, run one after the other, and the second sees what the
+    /// first committed. Two writes that lock the same ids in another order deadlock, which
+    /// PostgreSQL detects; the loser is run again.
     static func lockedCustomer(_ userId: String, on connection: PostgresConnection, logger: Logger) async throws -> (CustomerRecord?, Int64) {
-        try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\(userId), 0))", logger: logger)
-        let rows = try await connection.query(
-            """
-            SELECT c.record, c.last_seq FROM customers c
-            WHERE c.customer_id = \(userId)
-               OR c.customer_id = (SELECT a.customer_id FROM aliases a WHERE a.alias = \(userId))
-            ORDER BY c.customer_id = \(userId) DESC
-            LIMIT 1
-            FOR UPDATE OF c
-            """,
-            logger: logger
-        )
+        let rows = try await connection.query("SELECT * FROM entitlements_lock_customer(\(userId))", logger: logger)
         for try await (bytes, sequence) in rows.decode((ByteBuffer, Int64).self) {
-            let record = try CustomerRecord(buffer: bytes)
-            // Locked after the alias was read: if the alias moved meanwhile, start again.
-            if record.id != userId, !record.aliases.contains(userId) {
-                throw AliasMoved()
-            }
-            return (record, sequence)
+            return (try CustomerRecord(buffer: bytes), sequence)
         }
         return (nil, 0)
     }
 
-    /// Writes the effect's customers and aliases to the domain tables. A customer that was
-    /// not in `existing` when read is inserted without ON CONFLICT: had another transaction
-    /// created it meanwhile, the insert fails (23505) and the write is run again.
-    static func store(_ effect: WriteEffect, existing: Set<String>, on connection: PostgresConnection, logger: Logger) async throws {
-        for (customerId, record) in effect.records.sorted(by: { $0.key < $1.key }) {
-            guard let record else {
-                // Its aliases and rows go with it (ON DELETE CASCADE).
-                try await connection.query("DELETE FROM customers WHERE customer_id = \(customerId)", logger: logger)
-                continue
+    /// Takes the next sequence numbers, one per effect in order, and appends the effects to
+    /// the change log, in one statement; returns the first. The `change_head` row lock it
+    /// takes is held until COMMIT, so sequence numbers commit in order with no gaps. NOTIFY
+    /// is delivered at COMMIT.
+    static func append(_ effects: [WriteEffect], on connection: PostgresConnection, logger: Logger) async throws -> UInt64 {
+        var writers: [String] = []
+        var records: [ByteBuffer] = []
+        // Each customer's last change in this group (its ordinal, from 1).
+        var lastChange: [String: Int64] = [:]
+        for (index, effect) in effects.enumerated() {
+            var bytes = ByteBuffer()
+            try effect.replicated.serialize(into: &bytes)
+            writers.append(effect.customerId)
+            records.append(bytes)
+            for (customerId, record) in effect.records where record != nil {
+                lastChange[customerId] = Int64(index + 1)
             }
-            try await Self.upsert(record, isNew: !existing.contains(customerId), on: connection, logger: logger)
         }
-        let moved = effect.aliases.sorted { $0.key < $1.key }
-        let removed = moved.filter { $0.value == nil }.map(\.key)
-        if !removed.isEmpty {
-            try await connection.query("DELETE FROM aliases WHERE alias = ANY(\(removed))", logger: logger)
-        }
-        let linked = moved.compactMap { alias, owner in owner.map { (alias, $0) } }
-        if !linked.isEmpty {
-            try await connection.query(
-                """
-                INSERT INTO aliases (alias, customer_id)
-                SELECT * FROM unnest(\(linked.map(\.0))::text[], \(linked.map(\.1))::text[])
-                ON CONFLICT (alias) DO UPDATE SET customer_id = EXCLUDED.customer_id
-                """,
-                logger: logger
-            )
-        }
-    }
-
-    /// A customer's row and its rows in the tables people query (transactions, subscription
-    /// states, grants), replaced as a whole.
-    static func upsert(_ record: CustomerRecord, isNew: Bool, on connection: PostgresConnection, logger: Logger) async throws {
-        guard let customerId = record.id else { return }
-        var bytes = ByteBuffer()
-        try record.serialize(into: &bytes)
-        if isNew {
-            try await connection.query("INSERT INTO customers (customer_id, record, last_seq) VALUES (\(customerId), \(bytes), 0)", logger: logger)
-        } else {
-            try await connection.query("UPDATE customers SET record = \(bytes) WHERE customer_id = \(customerId)", logger: logger)
-        }
-        try await connection.query(
-            """
-            WITH t AS (DELETE FROM transactions WHERE customer_id = \(customerId)),
-                 s AS (DELETE FROM subscription_states WHERE customer_id = \(customerId))
-            DELETE FROM grants WHERE customer_id = \(customerId)
-            """,
-            logger: logger
-        )
-        let rows = DomainRows(record)
-        guard !rows.isEmpty else { return }
-        try await connection.query(
-            """
-            WITH t AS (
-                INSERT INTO transactions (customer_id, store, transaction_id, original_transaction_id, product_id,
-                    type, environment, transaction_date, expiration_date, revocation_date)
-                SELECT \(customerId), j.store, j.transaction_id, j.original_transaction_id, j.product_id,
-                    j.type, j.environment, j.transaction_date, j.expiration_date, j.revocation_date
-                FROM jsonb_to_recordset(\(rows.transactions)::jsonb) AS j(store smallint, transaction_id text,
-                    original_transaction_id text, product_id text, type smallint, environment smallint,
-                    transaction_date bigint, expiration_date bigint, revocation_date bigint)
-                ON CONFLICT DO NOTHING
-            ), s AS (
-                INSERT INTO subscription_states (customer_id, store, original_transaction_id, auto_renew_enabled,
-                    billing_issue_detected_date, grace_period_expiration_date, is_in_billing_retry)
-                SELECT \(customerId), j.store, j.original_transaction_id, j.auto_renew_enabled,
-                    j.billing_issue_detected_date, j.grace_period_expiration_date, j.is_in_billing_retry
-                FROM jsonb_to_recordset(\(rows.subscriptionStates)::jsonb) AS j(store smallint,
-                    original_transaction_id text, auto_renew_enabled boolean, billing_issue_detected_date bigint,
-                    grace_period_expiration_date bigint, is_in_billing_retry boolean)
-                ON CONFLICT DO NOTHING
-            )
-            INSERT INTO grants (customer_id, grant_id, entitlement_id, granted_date, expiration_date, revoked_date)
-            SELECT \(customerId), j.grant_id, j.entitlement_id, j.granted_date, j.expiration_date, j.revoked_date
-            FROM jsonb_to_recordset(\(rows.grants)::jsonb) AS j(grant_id text, entitlement_id text,
-                granted_date bigint, expiration_date bigint, revoked_date bigint)
-            ON CONFLICT DO NOTHING
-            """,
-            logger: logger
-        )
-    }
-
-    /// Takes the next sequence number and appends the effect to the change log, in one
-    /// statement: the `change_head` row lock it takes is held until COMMIT, so sequence
-    /// numbers commit in order with no gaps. NOTIFY is delivered at COMMIT.
-    static func append(_ effect: WriteEffect, on connection: PostgresConnection, logger: Logger) async throws -> UInt64 {
-        var bytes = ByteBuffer()
-        try effect.replicated.serialize(into: &bytes)
-        let touched = effect.records.compactMap { id, record in record == nil ? nil : id }
+        let count = Int64(effects.count)
+        let touched = lastChange.sorted { $0.key < $1.key }
         let rows = try await connection.query(
             """
-            WITH head AS (UPDATE change_head SET seq = seq + 1 RETURNING seq),
+            WITH head AS (UPDATE change_head SET seq = seq + \(count) RETURNING seq),
                  logged AS (
                      INSERT INTO change_log (seq, customer_id, record)
-                     SELECT seq, \(effect.customerId), \(bytes) FROM head
-                     RETURNING seq
+                     SELECT head.seq - \(count) + e.ordinal, e.customer_id, e.record
+                     FROM head, unnest(\(writers)::text[], \(records)::bytea[]) WITH ORDINALITY AS e(customer_id, record, ordinal)
                  ),
                  touched AS (
-                     UPDATE customers SET last_seq = (SELECT seq FROM head) WHERE customer_id = ANY(\(touched))
+                     UPDATE customers c SET last_seq = head.seq - \(count) + t.ordinal
+                     FROM head, unnest(\(touched.map(\.key))::text[], \(touched.map(\.value))::bigint[]) AS t(customer_id, ordinal)
+                     WHERE c.customer_id = t.customer_id
                  ),
-                 notified AS (SELECT pg_notify(\(Self.notifyChannel), seq::text) FROM logged)
-            SELECT logged.seq FROM logged, notified
+                 notified AS (SELECT pg_notify(\(Self.notifyChannel), head.seq::text) FROM head)
+            SELECT head.seq FROM head, notified
             """,
             logger: logger
         )
-        for try await sequence in rows.decode(Int64.self) {
-            return UInt64(sequence)
+        for try await last in rows.decode(Int64.self) {
+            return UInt64(last - count + 1)
         }
         throw FleetError(.schema, "change_head has no row: run `entitlements db migrate`")
     }
 }
 
 /// A customer record as rows of the domain tables, in the JSON `jsonb_to_recordset` reads
-/// (one round trip per table, whatever the count); an absent value is null.
+/// (one statement per table, whatever the count); an absent value is null. A table whose
+/// rows are the same as the tables hold now (`previous`) is JSON `null`: its rows are left
+/// as they are.
 struct DomainRows {
     var transactions: String
     var subscriptionStates: String
     var grants: String
-    var isEmpty: Bool
 
-    init(_ record: CustomerRecord) {
+    /// What the tables hold for a customer before a write.
+    enum Previous {
+        /// A new customer: no rows.
+        case none
+        case record(CustomerRecord)
+        /// Not known: every table is rewritten.
+        case unknown
+    }
+
+    init(_ record: CustomerRecord, previous: Previous) {
         func rows(_ objects: [[(String, JSONValue)]]) -> String {
             JSONValue.array(objects.map { .object($0) }).serialized(pretty: false)
         }
         func int(_ value: Int64?) -> JSONValue { value.map { .int($0) } ?? .null }
-        self.transactions = rows(record.transactions.map { transaction in
+        let unchanged = "null"
+        let previous: CustomerRecord? = switch previous {
+        case .none: CustomerRecord()
+        case .record(let record): record
+        case .unknown: nil
+        }
+        self.transactions = record.transactions == previous?.transactions ? unchanged : rows(record.transactions.map { transaction in
             [
                 ("store", .int(Int64(transaction.store.rawValue))),
                 ("transaction_id", .string(transaction.transactionId)),
@@ -288,7 +511,7 @@ struct DomainRows {
                 ("revocation_date", int(transaction.revocationDate)),
             ]
         })
-        self.subscriptionStates = rows(record.subscriptions.map { state in
+        self.subscriptionStates = record.subscriptions == previous?.subscriptions ? unchanged : rows(record.subscriptions.map { state in
             [
                 ("store", .int(Int64(state.store.rawValue))),
                 ("original_transaction_id", .string(state.originalTransactionId)),
@@ -298,7 +521,7 @@ struct DomainRows {
                 ("is_in_billing_retry", .bool(state.isInBillingRetry)),
             ]
         })
-        self.grants = rows(record.grants.map { grant in
+        self.grants = record.grants == previous?.grants ? unchanged : rows(record.grants.map { grant in
             [
                 ("grant_id", .string(grant.grantId)),
                 ("entitlement_id", .string(grant.entitlementId)),
@@ -307,6 +530,5 @@ struct DomainRows {
                 ("revoked_date", int(grant.revokedDate)),
             ]
         })
-        self.isEmpty = record.transactions.isEmpty && record.subscriptions.isEmpty && record.grants.isEmpty
     }
 }

@@ -220,6 +220,122 @@ struct FleetTests {
         await b.close()
     }
 
+    enum Answer: Sendable, Equatable {
+        case stored(sequence: UInt64, changed: Bool)
+        case refused(WriteRefusal.Reason)
+    }
+
+    /// Sends `writes` through `replica` at once; each answer by name.
+    static func writeAtOnce(_ writes: [(String, LogRecord.Mutation)], through replica: FleetReplica, now: Int64) async -> [String: Answer] {
+        await withTaskGroup(of: (String, Answer).self) { group in
+            for (name, mutation) in writes {
+                group.addTask {
+                    do {
+                        let outcome = try await replica.store.write(mutation, now: now)
+                        return (name, .stored(sequence: outcome.sequence ?? 0, changed: outcome.changed))
+                    } catch let refusal as WriteRefusal {
+                        return (name, .refused(refusal.reason))
+                    } catch {
+                        Issue.record("a write failed: \(error)")
+                        return (name, .refused(.unavailable))
+                    }
+                }
+            }
+            return await group.reduce(into: [String: Answer]()) { $0[$1.0] = $1.1 }
+        }
+    }
+
+    @Test("writes sent at once are committed in groups: each gets its own sequence and answer; a refused write or one PostgreSQL cannot store fails alone")
+    func groupCommit() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        let b = try await world.replica("b")
+        try await tailing([a, b]) {
+            var writes: [(String, LogRecord.Mutation)] = []
+            for index in 0..<12 {
+                writes.append(("alice g\(index)", FleetWorld.grant(index % 2 == 0 ? "alice" : "anon-alice", "g\(index)")))
+                writes.append(("new-\(index)", FleetWorld.grant("new-\(index)", "n\(index)")))
+            }
+            // The same write twice at once (a client's retry), and a write the rules refuse.
+            writes.append(("retry 1", FleetWorld.grant("bob", "twice")))
+            writes.append(("retry 2", FleetWorld.grant("bob", "twice")))
+            writes.append(("no grant id", .grantEntitlement(GrantEntitlementRequest(userId: "bob", grant: Grant(entitlementId: "premium")))))
+            var answers = await Self.writeAtOnce(writes, through: a, now: world.now)
+            #expect(answers["no grant id"] == .refused(.invalidArgument))
+            // One of the two identical writes stored it; the other changed nothing and
+            // answers the same sequence, so a read with it sees the grant.
+            let retries = [answers["retry 1"], answers["retry 2"]].compactMap { $0 }
+            guard case .stored(let first, let firstChanged) = retries.first, case .stored(let second, let secondChanged) = retries.last else {
+                Issue.record("the retried write was not stored: \(retries)")
+                return
+            }
+            #expect(first == second && firstChanged != secondChanged)
+            // Every changed write has its own sequence, with no gaps.
+            let changed = answers.values.compactMap { answer -> UInt64? in
+                if case .stored(let sequence, true) = answer { return sequence }
+                return nil
+            }.sorted()
+            #expect(changed == Array(1...UInt64(25)))
+            let head = try world.postgres.sql("SELECT seq FROM change_head")
+            #expect(head == "25")
+            // Writes were grouped: fewer transactions (each stamps its rows with one time) than writes.
+            let transactions = try world.postgres.sql("SELECT count(DISTINCT committed_at) FROM change_log")
+            #expect((Int(transactions) ?? 25) < 25, "\(transactions) transactions")
+            #expect(await b.store.waitUntilApplied(25, timeout: .seconds(20)))
+            for store in [a.store, b.store] {
+                #expect(try store.grantIds("alice") == (0..<12).map { "g\($0)" }.sorted())
+                #expect(try store.grantIds("bob") == ["twice"])
+                for index in 0..<12 {
+                    #expect(try store.grantIds("new-\(index)") == ["n\(index)"])
+                }
+            }
+            // The domain tables hold the same rows, and each customer's last sequence.
+            let rows = try world.postgres.sql("SELECT count(*) FROM grants")
+            #expect(rows == "25")
+            let lastChange = try world.postgres.sql("SELECT max(seq) FROM change_log WHERE customer_id = 'alice'")
+            #expect(try world.postgres.sql("SELECT last_seq FROM customers WHERE customer_id = 'alice'") == lastChange)
+
+            // A write whose id PostgreSQL cannot store, among good ones: it alone fails.
+            writes = (0..<6).map { ("later \($0)", FleetWorld.grant("bob", "later-\($0)")) }
+            writes.insert(("nul", FleetWorld.grant("bob", "nul\u{0}byte")), at: 3)
+            answers = await Self.writeAtOnce(writes, through: a, now: world.now)
+            #expect(answers["nul"] == .refused(.invalidArgument))
+            #expect(answers.values.filter { if case .stored(_, true) = $0 { true } else { false } }.count == 6, "\(answers)")
+            #expect(try a.store.grantIds("bob") == ["later-0", "later-1", "later-2", "later-3", "later-4", "later-5", "twice"])
+
+            // Writes at once that move aliases and delete and re-create customers: whatever
+            // order they land in, every server and the tables agree on the outcome.
+            writes = [
+                ("move to alice", .linkAlias(LinkAliasRequest(userId: "alice", alias: "anon-bob", transfer: true))),
+                ("grant on alias", FleetWorld.grant("anon-bob", "via-alias")),
+                ("move to new-1", .linkAlias(LinkAliasRequest(userId: "new-1", alias: "anon-bob", transfer: true))),
+                ("delete new-2", .deleteCustomer(DeleteCustomerRequest(userId: "new-2"))),
+                ("re-create new-2", FleetWorld.grant("new-2", "again")),
+                ("delete new-1", .deleteCustomer(DeleteCustomerRequest(userId: "new-1"))),
+                ("grant new-1", FleetWorld.grant("anon-new-1", "n1-again")),
+                ("link to new-1", .linkAlias(LinkAliasRequest(userId: "new-1", alias: "anon-new-1"))),
+            ]
+            answers = await Self.writeAtOnce(writes, through: a, now: world.now)
+            let last = UInt64(try world.postgres.sql("SELECT seq FROM change_head"))!
+            #expect(await b.store.waitUntilApplied(last, timeout: .seconds(20)))
+            for id in ["alice", "bob", "anon-bob", "new-1", "anon-new-1", "new-2"] {
+                #expect(try a.store.customer(for: id) == b.store.customer(for: id), "\(id) after \(answers)")
+            }
+            for customer in ["alice", "bob", "new-1", "anon-new-1", "new-2"] {
+                let record = try a.store.customer(for: customer)
+                let owned = record?.id == customer
+                let table = try world.postgres.sql("SELECT string_agg(grant_id, ',' ORDER BY grant_id) FROM grants WHERE customer_id = '\(customer)'")
+                #expect(table == (owned ? (record?.grants.compactMap(\.grantId).sorted().joined(separator: ",") ?? "") : ""), "\(customer)")
+                let aliases = try world.postgres.sql("SELECT string_agg(alias, ',' ORDER BY alias) FROM aliases WHERE customer_id = '\(customer)'")
+                #expect(aliases == (owned ? (record?.aliases.sorted().joined(separator: ",") ?? "") : ""), "\(customer)")
+            }
+            // The export checks that every key has one owner.
+            _ = try await FleetSnapshot.export(a.database, to: world.scratch + "/group.snap", now: world.now)
+        }
+        await a.close()
+        await b.close()
+    }
+
     @Test("two servers creating the same new customer at once, and linking one new alias at once: every acknowledged write is kept, no alias has two owners")
     func racingCreates() async throws {
         let world = try await FleetWorld()

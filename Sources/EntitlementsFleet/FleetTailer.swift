@@ -55,6 +55,8 @@ public final class FleetTailer: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.state = Mutex(Status(appliedSequence: store.committedSequence))
+        // The store was just opened against the database (FleetSnapshot.openStore).
+        store.confirmUpstreamContact(at: WallClock.unixMilliseconds())
     }
 
     public var status: Status { self.state.withLock { $0 } }
@@ -116,6 +118,7 @@ public final class FleetTailer: Sendable {
         while true {
             let cursor = self.store.committedSequence
             let epoch = self.store.snapshot.header.fleetEpoch
+            let asked = WallClock.unixMilliseconds()
             let batch = try await self.database.withConnection { connection -> (head: UInt64, rows: [CustomerStore.ReplicatedEntry]) in
                 let (headEpoch, head) = try await Self.head(on: connection, logger: self.logger)
                 guard headEpoch == epoch else {
@@ -169,11 +172,13 @@ public final class FleetTailer: Sendable {
             let recovered = self.state.withLock { status -> Bool in
                 status.appliedSequence = applied
                 status.headSequence = batch.head
-                status.lastSuccessfulPoll = WallClock.unixMilliseconds()
+                status.lastSuccessfulPoll = asked
                 status.lastError = nil
                 defer { status.failuresInARow = 0 }
                 return status.failuresInARow > 0
             }
+            // What --max-staleness measures (docs/fleet.md, "Staleness").
+            self.store.confirmUpstreamContact(at: asked)
             if recovered {
                 self.logger.notice("fleet: polling the change log works again", metadata: ["fleet.applied": "\(applied)"])
             }

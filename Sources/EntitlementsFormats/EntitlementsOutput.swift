@@ -6,12 +6,18 @@ public enum EntitlementsOutput {
     /// The JSON document `{"requestDate": ..., "validUntil": ..., "entitlements": {...}}`,
     /// every Entitlement field named as in the schema (camelCase), dates as RFC 3339 UTC
     /// with milliseconds, absent values as null.
+    /// A stale answer (a fleet server past its --max-staleness) has `"stale": true` last;
+    /// any other has no `stale` key.
     public static func json(_ response: CheckEntitlementsResponse, pretty: Bool = true) -> String {
-        JSONValue.object([
+        var fields: [(String, JSONValue)] = [
             ("requestDate", .date(response.requestDate)),
             ("validUntil", .date(response.validUntil)),
             ("entitlements", .object(response.entitlements.map { ($0.id ?? "", Self.json($0)) })),
-        ]).serialized(pretty: pretty)
+        ]
+        if response.stale == true {
+            fields.append(("stale", .bool(true)))
+        }
+        return JSONValue.object(fields).serialized(pretty: pretty)
     }
 
     static func json(_ entitlement: Entitlement) -> JSONValue {
@@ -134,6 +140,9 @@ public enum EntitlementsOutput {
             }
         }
         lines.append("valid until \(response.validUntil.map(RFC3339.format) ?? "further notice (no pending change)")")
+        if response.stale == true {
+            lines.append("STALE: the server has not heard from PostgreSQL within its --max-staleness; writes made elsewhere since may be missing")
+        }
         return lines.joined(separator: "\n")
     }
 }

@@ -41,6 +41,22 @@ public struct ServerConfiguration: Sendable {
     /// How long a check with `min_log_sequence` waits for this server to apply that
     /// sequence before it fails UNAVAILABLE. Default 100 ms.
     public var minimumSequenceWait: TimeAmount
+    /// Fleet mode: past this long since this server last heard from PostgreSQL (its last
+    /// successful poll), its check answers are stale, and ``stalePolicy`` says what to do.
+    /// nil: never stale (and always so for a server that is its own source of truth).
+    /// Default nil; `serve` sets 30 s.
+    public var maximumStaleness: TimeAmount?
+    /// What a stale server does with checks. Default `.open`.
+    public var stalePolicy: StalePolicy
+
+    /// What a fleet server past ``maximumStaleness`` does with checks and batches.
+    public enum StalePolicy: String, Sendable, CaseIterable {
+        /// Answers from what it applied, each answer flagged `stale`.
+        case open
+        /// Refuses them with UNAVAILABLE (and Health says NOT_SERVING), so that callers
+        /// and load balancers go to a server that is current.
+        case closed
+    }
 
     /// Creates a configuration; `resolvers` nil means one per CPU core.
     public init(
@@ -58,9 +74,13 @@ public struct ServerConfiguration: Sendable {
         frameTimeout: TimeAmount = .seconds(10),
         closeLinger: TimeAmount = .seconds(5),
         minimumSequenceWait: TimeAmount = .milliseconds(100),
+        maximumStaleness: TimeAmount? = nil,
+        stalePolicy: StalePolicy = .open,
         version: String = "0.1.0"
     ) {
         self.minimumSequenceWait = minimumSequenceWait
+        self.maximumStaleness = maximumStaleness
+        self.stalePolicy = stalePolicy
         self.maximumConnections = maximumConnections
         self.idleTimeout = idleTimeout
         self.frameTimeout = frameTimeout

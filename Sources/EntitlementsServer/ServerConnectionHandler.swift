@@ -280,6 +280,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, problem)
             return
         }
+        let freshness = self.freshness()
+        if case .refused(let message) = freshness {
+            self.fail(frame.requestID, .unavailable, message)
+            return
+        }
+        let stale = freshness == .stale
         let userId = request.userId!
         let query = CheckQuery(
             userId: userId,
@@ -293,7 +299,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
                 let promise = handler.context.eventLoop.makePromise(of: CheckOutcome.self)
                 handler.pool.check(query, for: handler.scope, completing: promise)
-                handler.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
+                handler.answerLater(requestID, userId: userId, instant: query.instant, stale: handler.freshness() == .stale, promise.futureResult)
             }
             return
         }
@@ -306,7 +312,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         if let outcome, !outcome.isForward {
             self.answer(Call(timer: nil, method: self.current.method, start: self.current.start), requestID) { buffer in
-                Self.writeCheck(outcome, userId: userId, instant: query.instant, into: &buffer)
+                Self.writeCheck(outcome, userId: userId, instant: query.instant, stale: stale, into: &buffer)
             } failure: {
                 Self.status(of: outcome)
             }
@@ -322,7 +328,39 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         } else {
             self.pool.check(query, for: self.scope, completing: promise)
         }
-        self.answerLater(requestID, userId: userId, instant: query.instant, promise.futureResult)
+        self.answerLater(requestID, userId: userId, instant: query.instant, stale: stale, promise.futureResult)
+    }
+
+    private enum Freshness: Equatable {
+        case current
+        /// Past --max-staleness, policy open: answered, flagged `stale`.
+        case stale
+        /// Past --max-staleness, policy closed: UNAVAILABLE with this message.
+        case refused(String)
+    }
+
+    /// Whether a fleet server has heard from PostgreSQL within --max-staleness
+    /// (docs/fleet.md, "Staleness"). An embedded server has no upstream: one atomic load.
+    private func freshness() -> Freshness {
+        guard let bound = self.configuration.maximumStaleness, let contact = self.services.store.lastUpstreamContact else {
+            return .current
+        }
+        let since = WallClock.unixMilliseconds() - contact
+        guard since > bound.nanoseconds / 1_000_000 else {
+            return .current
+        }
+        switch self.configuration.stalePolicy {
+        case .open:
+            return .stale
+        case .closed:
+            return .refused(Self.staleMessage(sinceMilliseconds: since, bound: bound))
+        }
+    }
+
+    static func staleMessage(sinceMilliseconds since: Int64, bound: TimeAmount) -> String {
+        let limit = bound.nanoseconds / 1_000_000
+        let limitText = limit % 1000 == 0 ? "\(limit / 1000)s" : "\(limit)ms"
+        return "stale: this server last heard from PostgreSQL \(since / 1000).\(since % 1000 / 100) s ago, more than --max-staleness \(limitText), and --stale-policy is closed; retry on another server"
     }
 
     /// A read that asked for writes this server has not applied (`min_log_sequence`): it is
@@ -363,10 +401,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     /// Answers an accepted check when its resolver on another event loop is done.
-    private func answerLater(_ requestID: UInt64, userId: String, instant: Int64, _ outcome: EventLoopFuture<CheckOutcome>) {
+    private func answerLater(_ requestID: UInt64, userId: String, instant: Int64, stale: Bool, _ outcome: EventLoopFuture<CheckOutcome>) {
         outcome.assumeIsolated().whenSuccess { outcome in
             self.complete(requestID) { buffer in
-                Self.writeCheck(outcome, userId: userId, instant: instant, into: &buffer)
+                Self.writeCheck(outcome, userId: userId, instant: instant, stale: stale, into: &buffer)
             } failure: {
                 Self.status(of: outcome)
             }
@@ -375,10 +413,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// Writes a check's RESPONSE payload: the answer's bytes and nil flags for a failure
     /// (whose message it writes).
-    private static func writeCheck(_ outcome: CheckOutcome, userId: String, instant: Int64, into buffer: inout ByteBuffer) -> FrameFlags? {
+    private static func writeCheck(_ outcome: CheckOutcome, userId: String, instant: Int64, stale: Bool, into buffer: inout ByteBuffer) -> FrameFlags? {
         switch outcome {
         case .answer(let answer, let customerId, let fromCache):
-            answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, into: &buffer)
+            answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, stale: stale, into: &buffer)
             return fromCache ? .fromCache : []
         case .deadlineExceeded, .forward:
             return nil
@@ -427,20 +465,25 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, problem)
             return
         }
+        let freshness = self.freshness()
+        if case .refused(let message) = freshness {
+            self.fail(frame.requestID, .unavailable, message)
+            return
+        }
         let instant = request.at ?? WallClock.unixMilliseconds()
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
         if request.minLogSequence > 0, self.services.store.appliedSequence < request.minLogSequence {
             self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
-                handler.runBatch(request, instant: instant, requestID: requestID, deadline: deadline)
+                handler.runBatch(request, instant: instant, stale: handler.freshness() == .stale, requestID: requestID, deadline: deadline)
             }
             return
         }
         self.accept(requestID, deadline: deadline)
-        self.runBatch(request, instant: instant, requestID: requestID, deadline: deadline)
+        self.runBatch(request, instant: instant, stale: freshness == .stale, requestID: requestID, deadline: deadline)
     }
 
     /// Resolves an accepted batch and answers it.
-    private func runBatch(_ request: BatchCheckEntitlementsRequest, instant: Int64, requestID: UInt64, deadline: NIODeadline?) {
+    private func runBatch(_ request: BatchCheckEntitlementsRequest, instant: Int64, stale: Bool, requestID: UInt64, deadline: NIODeadline?) {
         let queries = request.userIds.map { userId in
             CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline)
         }
@@ -472,7 +515,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                         continue
                     }
                     single.clear()
-                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, into: &single)
+                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, stale: stale, into: &single)
                     // results (field 1) of BatchCheckEntitlementsResponse: tag, length, message.
                     Self.writeVarint(1 << 3 | 2, into: &buffer)
                     Self.writeVarint(UInt64(single.readableBytes), into: &buffer)
@@ -494,7 +537,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return
         }
         let response = HealthResponse(
-            status: self.draining || !self.health.isServing ? .notServing : .serving,
+            // A fleet server past --max-staleness with --stale-policy closed refuses checks.
+            status: self.draining || !self.health.isServing || self.freshness() != .current && self.configuration.stalePolicy == .closed ? .notServing : .serving,
             snapshotId: self.services.store.snapshot.header.snapshotId,
             uptimeMs: self.health.uptimeMilliseconds,
             version: self.configuration.version

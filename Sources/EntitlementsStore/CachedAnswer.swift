@@ -64,13 +64,15 @@ public struct CachedAnswer: Sendable, Hashable {
     }
 
     /// Appends the encoded CheckEntitlementsResponse for this answer to `buffer`: the
-    /// per-request fields, then the cached bytes, in one reservation and one pass.
-    public func writeResponse(userId: String, customerId: String?, requestDate: Int64, into buffer: inout ByteBuffer) {
+    /// per-request fields, then the cached bytes, in one reservation and one pass. `stale`
+    /// sets the `stale` field (a fleet server past its --max-staleness, answering anyway).
+    public func writeResponse(userId: String, customerId: String?, requestDate: Int64, stale: Bool = false, into buffer: inout ByteBuffer) {
         var userId = userId
         let hasCustomer = customerId != nil
         var customerId = customerId ?? ""
-        // Two strings (tag, up to 5 length bytes) and three 64-bit fields (tag, up to 10 bytes).
-        let most = 12 + userId.utf8.count + customerId.utf8.count + 33 + self.encodedEntitlements.count
+        // Two strings (tag, up to 5 length bytes), three 64-bit fields (tag, up to 10 bytes)
+        // and a bool (tag, 1 byte).
+        let most = 12 + userId.utf8.count + customerId.utf8.count + 33 + 2 + self.encodedEntitlements.count
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: most) { out in
             var writer = WireWriter(out: out)
             writer.string(field: 1, &userId)
@@ -87,6 +89,10 @@ public struct CachedAnswer: Sendable, Hashable {
             if self.logSequence != 0 {
                 writer.varint(6 << 3)
                 writer.varint(self.logSequence)
+            }
+            if stale {
+                writer.varint(7 << 3)
+                writer.varint(1)
             }
             return writer.position
         }

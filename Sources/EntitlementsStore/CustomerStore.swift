@@ -186,6 +186,23 @@ public final class CustomerStore: Sendable {
     /// answers are dropped.
     public var appliedSequence: UInt64 { self.state.withLock { $0.acknowledgedSequence } }
 
+    /// Fleet mode: when the upstream last confirmed that this store had applied every write
+    /// it holds (Unix milliseconds); 0 for a store that is its own source of truth. A
+    /// plain atomic: every check of a server with a staleness bound reads it.
+    private let upstreamContact = Atomic<Int64>(0)
+
+    /// The upstream confirmed, at `instant`, that this store is current (its tailer caught
+    /// up to the head of the change log).
+    public func confirmUpstreamContact(at instant: Int64) {
+        self.upstreamContact.store(instant, ordering: .relaxed)
+    }
+
+    /// When the upstream last confirmed this store current; nil when it has no upstream.
+    public var lastUpstreamContact: Int64? {
+        let instant = self.upstreamContact.load(ordering: .relaxed)
+        return instant == 0 ? nil : instant
+    }
+
     /// A read waits for writes this store has not applied: fleet mode polls now.
     public func requestCatchUp() {
         self.state.withLock { $0.catchUp }?()

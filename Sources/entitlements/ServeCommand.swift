@@ -93,6 +93,10 @@ struct ServeCommand: AsyncParsableCommand {
     var fleetConnections: String?
     @Option(help: "Fleet mode: how long a write waits after COMMIT for this server to apply it (default 1s).")
     var fleetWriteWait: String?
+    @Option(help: "Fleet mode: past this long since the last successful poll of PostgreSQL, check answers are stale (default 30s).")
+    var maxStaleness: String?
+    @Option(help: "Fleet mode: a stale server answers checks flagged stale (open, the default) or refuses them with UNAVAILABLE (closed).")
+    var stalePolicy: String?
 
     /// The flags given, by setting name.
     private var flagValues: [String: String] {
@@ -105,6 +109,7 @@ struct ServeCommand: AsyncParsableCommand {
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
             ("admin", self.admin), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
+            ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy),
         ]
         for case let (name, value?) in options {
             values[name] = value
@@ -145,7 +150,7 @@ struct ServeCommand: AsyncParsableCommand {
         var factory = PrometheusMetricsFactory(registry: registry)
         factory.defaultDurationHistogramBuckets = ServerMetrics.latencyBuckets
         let metrics = ServerMetrics(factory: factory)
-        let running = RunningServer()
+        let running = RunningServer(maximumStaleness: configuration.maximumStaleness, stalePolicy: configuration.stalePolicy)
         let fleetMetrics = FleetMetrics(factory: factory)
 
         // The admin listener comes first, so that probes see "starting" during replay.
@@ -158,7 +163,8 @@ struct ServeCommand: AsyncParsableCommand {
                     endpoints: .init(readiness: { running.describe(readiness.state()) }) {
                         await running.server?.refreshMetrics()
                         if let fleet = running.fleet {
-                            fleetMetrics.refresh(fleet.status)
+                            let status = fleet.status
+                            fleetMetrics.refresh(status, stale: running.isStale(status))
                         }
                         var bytes: [UInt8] = []
                         registry.emit(into: &bytes)
@@ -356,6 +362,13 @@ final class Readiness: Sendable {
 final class RunningServer: Sendable {
     private let current = Mutex<EntitlementsServer?>(nil)
     private let tailer = Mutex<FleetTailer?>(nil)
+    let maximumStaleness: TimeAmount?
+    let stalePolicy: ServerConfiguration.StalePolicy
+
+    init(maximumStaleness: TimeAmount?, stalePolicy: ServerConfiguration.StalePolicy) {
+        self.maximumStaleness = maximumStaleness
+        self.stalePolicy = stalePolicy
+    }
 
     var server: EntitlementsServer? { self.current.withLock { $0 } }
     var fleet: FleetTailer? { self.tailer.withLock { $0 } }
@@ -368,9 +381,18 @@ final class RunningServer: Sendable {
         self.tailer.withLock { $0 = fleet }
     }
 
+    /// Whether a fleet server is past --max-staleness (measured as checks measure it).
+    func isStale(_ status: FleetTailer.Status) -> Bool {
+        guard let bound = self.maximumStaleness, let contact = status.lastSuccessfulPoll else {
+            return false
+        }
+        return WallClock.unixMilliseconds() - contact > bound.nanoseconds / 1_000_000
+    }
+
     /// /readyz: the lifecycle's answer, and in fleet mode how current this server is. A
-    /// fleet server that cannot reach PostgreSQL stays ready: it serves what it applied
-    /// (docs/fleet.md, "Failures"); the body says how stale.
+    /// fleet server that cannot reach PostgreSQL stays ready, serving what it applied,
+    /// unless it is past --max-staleness with --stale-policy closed (docs/fleet.md,
+    /// "Staleness"); the body says how stale.
     func describe(_ state: (ready: Bool, reason: String)) -> (ready: Bool, reason: String) {
         guard let status = self.fleet?.status else {
             return state
@@ -381,7 +403,15 @@ final class RunningServer: Sendable {
         if let error = status.lastError {
             text += "; last poll failed: \(error)"
         }
-        return (state.ready, text)
+        guard self.isStale(status) else {
+            return (state.ready, text)
+        }
+        switch self.stalePolicy {
+        case .open:
+            return (state.ready, text + "; stale (past --max-staleness): answers are flagged stale")
+        case .closed:
+            return (false, text + "; stale (past --max-staleness) and --stale-policy closed: checks are refused")
+        }
     }
 }
 
@@ -391,15 +421,18 @@ struct FleetMetrics: Sendable {
     private let head: Meter
     private let sincePoll: Meter
     private let failures: Meter
+    private let stale: Meter
 
     init(factory: any MetricsFactory) {
         self.applied = Meter(label: "entitlements_fleet_applied_sequence", factory: factory)
         self.head = Meter(label: "entitlements_fleet_head_sequence", factory: factory)
         self.sincePoll = Meter(label: "entitlements_fleet_seconds_since_poll", factory: factory)
         self.failures = Meter(label: "entitlements_fleet_poll_failures", factory: factory)
+        self.stale = Meter(label: "entitlements_fleet_stale", factory: factory)
     }
 
-    func refresh(_ status: FleetTailer.Status) {
+    func refresh(_ status: FleetTailer.Status, stale: Bool) {
+        self.stale.set(stale ? 1 : 0)
         self.applied.set(Int(status.appliedSequence))
         self.head.set(Int(status.headSequence))
         let since = status.lastSuccessfulPoll.map { Double(WallClock.unixMilliseconds() - $0) / 1000 } ?? -1

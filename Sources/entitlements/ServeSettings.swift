@@ -49,6 +49,8 @@ struct ServeSettings {
         Key(name: "fleet-poll-interval", defaultValue: "250ms", help: "fleet mode: how often the change log is polled when no NOTIFY arrives"),
         Key(name: "fleet-listen", defaultValue: "true", help: "fleet mode: LISTEN for the writers' NOTIFY (false: polling only)"),
         Key(name: "fleet-connections", defaultValue: "4", help: "fleet mode: connections to PostgreSQL for writes and polls, 1 to 100 (LISTEN takes one more)"),
+        Key(name: "max-staleness", defaultValue: "30s", help: "fleet mode: past this long since the last successful poll of PostgreSQL, check answers are stale (--stale-policy)"),
+        Key(name: "stale-policy", defaultValue: "open", help: "fleet mode: what a stale server does with checks: open (answer, flagged stale) or closed (UNAVAILABLE; Health and /readyz not serving)"),
         Key(name: "fleet-write-wait", defaultValue: "1s", help: "fleet mode: how long a write waits, after COMMIT, for this server to apply it"),
     ]
 
@@ -222,6 +224,12 @@ struct ServeSettings {
             _ = try self.duration("fleet-write-wait")
             _ = try self.bool("fleet-listen")
             _ = try self.integer("fleet-connections", in: 1...100)
+            let poll = try self.duration("fleet-poll-interval")
+            let staleness = try self.duration("max-staleness")
+            guard staleness > poll else {
+                throw ValidationError("\(self.origin("max-staleness")) \"\(self.text("max-staleness") ?? "")\" must be longer than --fleet-poll-interval \"\(self.text("fleet-poll-interval") ?? "")\", or every answer would be stale")
+            }
+            _ = try self.stalePolicy()
         }
         if self.snapshot == nil, self.dataDirectory == nil {
             throw ValidationError("give --snapshot FILE (read-only) or --data-dir DIR (with writes), or both to seed a new data directory")
@@ -248,8 +256,18 @@ struct ServeSettings {
             maximumConnections: try self.integer("max-connections", in: 1...1_000_000),
             idleTimeout: try self.duration("idle-timeout"),
             frameTimeout: try self.duration("frame-timeout"),
-            minimumSequenceWait: try self.duration("min-sequence-wait")
+            minimumSequenceWait: try self.duration("min-sequence-wait"),
+            // Only a fleet server has an upstream to be stale against.
+            maximumStaleness: self.text("postgres") == nil ? nil : try self.duration("max-staleness"),
+            stalePolicy: try self.stalePolicy()
         )
+    }
+
+    func stalePolicy() throws -> ServerConfiguration.StalePolicy {
+        guard let policy = ServerConfiguration.StalePolicy(rawValue: self.text("stale-policy") ?? "") else {
+            throw ValidationError("\(self.origin("stale-policy")) must be open or closed, got \"\(self.text("stale-policy") ?? "")\"")
+        }
+        return policy
     }
 
     /// The effective settings, one per line with where each came from.

@@ -577,6 +577,45 @@ struct FleetTests {
         await b.close()
     }
 
+    @Test("serve --postgres --stale-policy closed: past --max-staleness /readyz is 503 and checks are refused; PostgreSQL back, it is ready again", .timeLimit(.minutes(2)))
+    func staleServe() async throws {
+        let world = try await FleetWorld()
+        let serve = try ServeProcess([
+            "serve", "--postgres", world.postgres.url, "--data-dir", world.scratch + "/s", "--listen", "127.0.0.1:0",
+            "--admin", "127.0.0.1:0", "--threads", "1", "--fleet-poll-interval", "50ms", "--max-staleness", "400ms", "--stale-policy", "closed",
+        ])
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: serve.port)), eventLoopGroup: group)
+        #expect(try serve.admin("/readyz").status == 200)
+        #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "alice")).customerId == "alice")
+
+        try world.postgres.stop(mode: "immediate")
+        var ready = try serve.admin("/readyz")
+        for _ in 0..<100 where ready.status == 200 {
+            try await Task.sleep(for: .milliseconds(50))
+            ready = try serve.admin("/readyz")
+        }
+        #expect(ready.status == 503 && ready.body.contains("stale (past --max-staleness) and --stale-policy closed"), "\(ready)")
+        #expect(try serve.admin("/metrics").body.contains("entitlements_fleet_stale 1"))
+        await #expect {
+            _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
+        } throws: { error in
+            "\(error)".contains("stale: this server last heard from PostgreSQL")
+        }
+
+        try world.postgres.start()
+        for _ in 0..<200 where ready.status != 200 {
+            try await Task.sleep(for: .milliseconds(50))
+            ready = try serve.admin("/readyz")
+        }
+        #expect(ready.status == 200, "\(ready)")
+        #expect(try serve.admin("/metrics").body.contains("entitlements_fleet_stale 0"))
+        #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "alice")).customerId == "alice")
+        await client.close()
+        try await group.shutdownGracefully()
+        #expect(serve.terminate() == 0)
+    }
+
     @Test("PostgreSQL stopped under load (pg_ctl stop -m immediate): reads go on, writes fail with UNAVAILABLE, and after a restart every acknowledged write is on both servers", .timeLimit(.minutes(3)))
     func databaseDown() async throws {
         let world = try await FleetWorld()
@@ -667,12 +706,24 @@ struct FleetServerTests {
         let group: MultiThreadedEventLoopGroup
         let client: EntitlementsClient
 
-        init(_ replica: FleetReplica, now: Int64) async throws {
+        init(
+            _ replica: FleetReplica,
+            now: Int64,
+            maximumStaleness: TimeAmount? = nil,
+            stalePolicy: ServerConfiguration.StalePolicy = .open
+        ) async throws {
             self.replica = replica
             self.group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
             self.server = try await EntitlementsServer.start(
                 store: replica.store,
-                configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), resolvers: 1, cacheBytes: 1 << 20, minimumSequenceWait: .seconds(5)),
+                configuration: ServerConfiguration(
+                    tcp: ("127.0.0.1", 0),
+                    resolvers: 1,
+                    cacheBytes: 1 << 20,
+                    minimumSequenceWait: .seconds(5),
+                    maximumStaleness: maximumStaleness,
+                    stalePolicy: stalePolicy
+                ),
                 group: self.group,
                 warmAt: now
             )
@@ -725,5 +776,68 @@ struct FleetServerTests {
         }
         try await a.stop()
         try await b.stop()
+    }
+
+    @Test("PostgreSQL gone past --max-staleness: policy open answers flagged stale, policy closed refuses with UNAVAILABLE and Health says NOT_SERVING; both recover when it is back", .timeLimit(.minutes(2)))
+    func staleness() async throws {
+        let world = try await FleetWorld()
+        let bound = TimeAmount.milliseconds(600)
+        let open = try await Node(try await world.replica("open"), now: world.now, maximumStaleness: bound, stalePolicy: .open)
+        let closed = try await Node(try await world.replica("closed"), now: world.now, maximumStaleness: bound, stalePolicy: .closed)
+        try await tailing([open.replica, closed.replica]) {
+            let batch = BatchCheckEntitlementsRequest(userIds: ["alice", "anon-bob"])
+            // Current: no flag, and serving.
+            for node in [open, closed] {
+                let answer = try await node.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
+                #expect(answer.customerId == "alice" && answer.stale != true)
+                let health: HealthResponse = try await node.client.call(.health, HealthRequest())
+                #expect(health.status == .serving)
+            }
+
+            try world.postgres.stop(mode: "immediate")
+            // Past the bound (measured from the last successful poll, every 100 ms here).
+            var flagged = false
+            for _ in 0..<100 where !flagged {
+                try await Task.sleep(for: .milliseconds(50))
+                flagged = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice")).stale == true
+            }
+            #expect(flagged)
+            // Open: the answers are what it applied, each flagged.
+            let answer = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "anon-bob"))
+            #expect(answer.customerId == "bob" && answer.stale == true)
+            let answers: BatchCheckEntitlementsResponse = try await open.client.call(.batchCheckEntitlements, batch)
+            #expect(answers.results.count == 2 && answers.results.allSatisfy { $0.stale == true })
+            let openHealth: HealthResponse = try await open.client.call(.health, HealthRequest())
+            #expect(openHealth.status == .serving)
+            // Closed: refused, saying why and what to do, and Health says so.
+            await #expect {
+                _ = try await closed.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
+            } throws: { error in
+                "\(error)".contains("UNAVAILABLE") && "\(error)".contains("stale: this server last heard from PostgreSQL")
+                    && "\(error)".contains("more than --max-staleness 600ms")
+            }
+            await #expect {
+                let _: BatchCheckEntitlementsResponse = try await closed.client.call(.batchCheckEntitlements, batch)
+            } throws: { error in
+                "\(error)".contains("stale:")
+            }
+            let closedHealth: HealthResponse = try await closed.client.call(.health, HealthRequest())
+            #expect(closedHealth.status == .notServing)
+
+            // PostgreSQL back: the next successful poll makes both current again.
+            try world.postgres.start()
+            var recovered = false
+            for _ in 0..<200 where !recovered {
+                try await Task.sleep(for: .milliseconds(50))
+                recovered = (try? await closed.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))) != nil
+            }
+            #expect(recovered)
+            let fresh = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
+            #expect(fresh.stale != true)
+            let health: HealthResponse = try await closed.client.call(.health, HealthRequest())
+            #expect(health.status == .serving)
+        }
+        try await open.stop()
+        try await closed.stop()
     }
 }

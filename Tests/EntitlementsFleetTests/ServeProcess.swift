@@ -37,7 +37,8 @@ final class ServeProcess: @unchecked Sendable {
         self.output = fds[0]
         var seen = ""
         var buffer = [UInt8](repeating: 0, count: 4096)
-        while !(seen.contains("listening on 127.0.0.1:") && seen.hasSuffix("\n")) {
+        func lines() -> [Substring] { seen.split(separator: "\n") }
+        while !(lines().contains { $0.hasPrefix("listening on 127.0.0.1:") } && seen.hasSuffix("\n")) {
             let count = read(fds[0], &buffer, buffer.count)
             guard count > 0 else {
                 var status: Int32 = 0
@@ -48,8 +49,39 @@ final class ServeProcess: @unchecked Sendable {
             seen += String(decoding: buffer[0..<count], as: UTF8.self)
         }
         self.startup = seen
-        let line = seen.split(separator: "\n").first { $0.hasPrefix("listening on 127.0.0.1:") }!
-        self.port = Int(line.split(separator: ":").last!)!
+        func port(after prefix: String) -> Int? {
+            lines().first { $0.hasPrefix(prefix) }.flatMap { Int($0.split(separator: ":").last ?? "") }
+        }
+        self.port = port(after: "listening on 127.0.0.1:")!
+        self.adminPort = port(after: "admin listening on 127.0.0.1:")
+    }
+
+    /// The admin listener's port, when it was started with `--admin`.
+    let adminPort: Int?
+
+    /// An HTTP GET on the admin listener: the status and the body.
+    func admin(_ path: String) throws -> (status: Int, body: String) {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(self.adminPort ?? 0).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else { throw PostgresFixtureError("cannot connect to the admin listener") }
+        let request = Array("GET \(path) HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".utf8)
+        _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+        var reply: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 8192)
+        while case let count = recv(fd, &buffer, buffer.count, 0), count > 0 {
+            reply += buffer[0..<count]
+        }
+        let text = String(decoding: reply, as: UTF8.self)
+        let head = text.prefix { $0 != "\r" }.split(separator: " ")
+        let body = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
+        return (head.count > 1 ? Int(head[1]) ?? 0 : 0, body)
     }
 
     /// SIGKILL, then reaps it.

@@ -37,6 +37,16 @@ struct EntitlementsOutputTests {
         )
     }
 
+    @Test("a stale answer (fleet mode past --max-staleness) says so last, in JSON and in the table; others have no stale key")
+    func staleAnswer() {
+        var stale = CheckEntitlementsResponse(userId: "u", customerId: "u", requestDate: 0, stale: true)
+        #expect(EntitlementsOutput.json(stale, pretty: false) == #"{"requestDate":"1970-01-01T00:00:00.000Z","validUntil":null,"entitlements":{},"stale":true}"#)
+        #expect(EntitlementsOutput.table(stale).hasSuffix("\nSTALE: the server has not heard from PostgreSQL within its --max-staleness; writes made elsewhere since may be missing"))
+        stale.stale = false
+        #expect(!EntitlementsOutput.json(stale, pretty: false).contains("stale"))
+        #expect(!EntitlementsOutput.table(stale).contains("STALE"))
+    }
+
     @Test("pretty JSON indents by two spaces; empty collections stay on one line")
     func prettyJSON() {
         let empty = CheckEntitlementsResponse(userId: "u", requestDate: 0, validUntil: 86_400_000)

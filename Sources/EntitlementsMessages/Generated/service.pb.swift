@@ -24,7 +24,8 @@ public enum ServingStatus: Int32, Sendable, Hashable, CaseIterable {
     case unknown = 0
     /// `SERVING_STATUS_SERVING`.
     case serving = 1
-    /// Starting (snapshot not open or cache warming) or draining.
+    /// Starting (snapshot not open or cache warming) or draining; or, in fleet mode, past
+    /// --max-staleness with --stale-policy closed (checks are refused).
     case notServing = 2
 }
 
@@ -131,6 +132,11 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
     /// it. Give it to WatchEntitlementsRequest.after_log_sequence to watch from this
     /// answer on with no change missed. Absent (0) before the first write.
     public var logSequence: UInt64 = 0
+    /// Fleet mode only: true when this server has not heard from PostgreSQL for longer
+    /// than its --max-staleness and answers anyway (--stale-policy open): the answer is
+    /// what the server applied, and writes made elsewhere since may be missing. Absent
+    /// (false) otherwise (docs/fleet.md, "Staleness").
+    public var stale: Bool = false
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -142,7 +148,8 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
         requestDate: Int64? = nil,
         validUntil: Int64? = nil,
         entitlements: [Entitlement] = [],
-        logSequence: UInt64 = 0
+        logSequence: UInt64 = 0,
+        stale: Bool = false
     ) {
         self.userId = userId
         self.customerId = customerId
@@ -150,6 +157,7 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
         self.validUntil = validUntil
         self.entitlements = entitlements
         self.logSequence = logSequence
+        self.stale = stale
     }
 }
 
@@ -191,6 +199,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         self.validUntil = c.has_valid_until != 0 ? c.valid_until : nil
         self.entitlements = try liftMessages(c.n_entitlements, c.entitlements, as: Entitlement.self, field: "entitlements")
         self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
+        self.stale = c.has_stale != 0 && c.stale != 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -202,6 +211,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         if let value = self.validUntil { c.pointee.has_valid_until = 1; c.pointee.valid_until = value }
         (c.pointee.n_entitlements, c.pointee.entitlements) = try arena.lowerMessages(self.entitlements, field: "entitlements")
         if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
+        c.pointee.has_stale = 1; c.pointee.stale = self.stale ? 1 : 0
         return c
     }
 }

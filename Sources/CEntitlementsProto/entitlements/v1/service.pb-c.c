@@ -952,7 +952,7 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_request__d
   (ProtobufCMessageInit) entitlements__v1__check_entitlements_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_response__field_descriptors[6] =
+static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_response__field_descriptors[7] =
 {
   {
     "user_id",
@@ -1026,19 +1026,32 @@ static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_respo
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "stale",
+    7,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__CheckEntitlementsResponse, has_stale),
+    offsetof(Entitlements__V1__CheckEntitlementsResponse, stale),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__check_entitlements_response__field_indices_by_name[] = {
   1,   /* field[1] = customer_id */
   4,   /* field[4] = entitlements */
   5,   /* field[5] = log_sequence */
   2,   /* field[2] = request_date */
+  6,   /* field[6] = stale */
   0,   /* field[0] = user_id */
   3,   /* field[3] = valid_until */
 };
 static const ProtobufCIntRange entitlements__v1__check_entitlements_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_response__descriptor =
 {
@@ -1048,7 +1061,7 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_response__
   "Entitlements__V1__CheckEntitlementsResponse",
   "entitlements.v1",
   sizeof(Entitlements__V1__CheckEntitlementsResponse),
-  6,
+  7,
   entitlements__v1__check_entitlements_response__field_descriptors,
   entitlements__v1__check_entitlements_response__field_indices_by_name,
   1,  entitlements__v1__check_entitlements_response__number_ranges,

@@ -64,7 +64,8 @@ typedef enum _Entitlements__V1__ServingStatus {
   ENTITLEMENTS__V1__SERVING_STATUS__SERVING_STATUS_UNKNOWN = 0,
   ENTITLEMENTS__V1__SERVING_STATUS__SERVING_STATUS_SERVING = 1,
   /*
-   * Starting (snapshot not open or cache warming) or draining.
+   * Starting (snapshot not open or cache warming) or draining; or, in fleet mode, past
+   * --max-staleness with --stale-policy closed (checks are refused).
    */
   ENTITLEMENTS__V1__SERVING_STATUS__SERVING_STATUS_NOT_SERVING = 2
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__SERVING_STATUS)
@@ -145,10 +146,18 @@ struct  Entitlements__V1__CheckEntitlementsResponse
    */
   protobuf_c_boolean has_log_sequence;
   uint64_t log_sequence;
+  /*
+   * Fleet mode only: true when this server has not heard from PostgreSQL for longer
+   * than its --max-staleness and answers anyway (--stale-policy open): the answer is
+   * what the server applied, and writes made elsewhere since may be missing. Absent
+   * (false) otherwise (docs/fleet.md, "Staleness").
+   */
+  protobuf_c_boolean has_stale;
+  protobuf_c_boolean stale;
 };
 #define ENTITLEMENTS__V1__CHECK_ENTITLEMENTS_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__check_entitlements_response__descriptor) \
-    , NULL, NULL, 0, 0, 0, 0, 0,NULL, 0, 0 }
+    , NULL, NULL, 0, 0, 0, 0, 0,NULL, 0, 0, 0, 0 }
 
 
 /*

@@ -33,10 +33,10 @@ start=$(date +%s.%N); $ENT snapshot export --postgres "$URL" --output "$WORK/fle
 echo "export of $CUSTOMERS customers: $(python3 -c "print(round($end - $start, 2))") s, $(stat -c %s "$WORK/fleet.snap") bytes"
 echo "database size: $(psql -h 127.0.0.1 -p $PGPORT -U postgres -tAc "SELECT pg_size_pretty(pg_database_size('postgres'))")"
 
-# The tailer's poll when it is current: the head row, then rows after it (none).
+# The tailer's poll when it is current: one query, the head row with the commit time of
+# the row at its cursor (FleetTailer.head); with nothing new it reads no more.
 cat > "$WORK/poll.sql" <<'SQL'
-SELECT epoch::text, seq FROM change_head;
-SELECT seq, record, (extract(epoch FROM committed_at) * 1000)::bigint FROM change_log WHERE seq > 1000000000 ORDER BY seq LIMIT 1000;
+SELECT h.epoch::text, h.seq, (SELECT (extract(epoch FROM l.committed_at) * 1000)::bigint FROM change_log l WHERE l.seq = h.seq) FROM change_head h;
 SQL
 # The part of a write that holds the change_head row lock: sequence, change_log row, NOTIFY, COMMIT.
 cat > "$WORK/write.sql" <<'SQL'

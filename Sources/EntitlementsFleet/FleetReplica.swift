@@ -12,31 +12,40 @@ public final class FleetReplica: Sendable {
         public var storeOptions: CustomerStore.Options
         /// Connections to PostgreSQL for writes and polls (the LISTEN connection is one more).
         public var connections: Int
+        /// A read replica of the database (or a pooler in front of replicas) to poll and to
+        /// export from at a fresh start, instead of the primary; nil: the primary.
+        public var readURL: FleetDatabaseURL?
 
         public init(
             tailer: FleetTailer.Configuration = .init(),
             writeWait: Duration = .seconds(1),
             storeOptions: CustomerStore.Options = .init(),
-            connections: Int = 4
+            connections: Int = 4,
+            readURL: FleetDatabaseURL? = nil
         ) {
             self.tailer = tailer
             self.writeWait = writeWait
             self.storeOptions = storeOptions
             self.connections = connections
+            self.readURL = readURL
         }
     }
 
     public let store: CustomerStore
     public let tailer: FleetTailer
+    /// The primary: writes, LISTEN, and the start-up checks.
     public let database: FleetDatabase
+    /// The read replica polls and exports go to, if one was given.
+    public let reads: FleetDatabase?
     /// What opening the data directory did (continued, seeded, exported), for the log.
     public let startup: String
     public let openReport: CustomerStore.OpenReport
 
-    private init(store: CustomerStore, tailer: FleetTailer, database: FleetDatabase, startup: String, openReport: CustomerStore.OpenReport) {
+    private init(store: CustomerStore, tailer: FleetTailer, database: FleetDatabase, reads: FleetDatabase?, startup: String, openReport: CustomerStore.OpenReport) {
         self.store = store
         self.tailer = tailer
         self.database = database
+        self.reads = reads
         self.startup = startup
         self.openReport = openReport
     }
@@ -53,26 +62,29 @@ public final class FleetReplica: Sendable {
         now: Int64
     ) async throws -> FleetReplica {
         let database = FleetDatabase(url: url, maximumConnections: configuration.connections, logger: logger)
+        let reads = configuration.readURL.map { FleetDatabase(url: $0, maximumConnections: configuration.connections, logger: logger) }
         do {
             try await FleetSchema.check(database)
             let (store, report, startup) = try await FleetSnapshot.openStore(
                 dataDirectory: dataDirectory,
                 seed: seed,
                 database: database,
+                exportFrom: reads,
                 options: configuration.storeOptions,
                 now: now
             )
-            let tailer = FleetTailer(database: database, store: store, configuration: configuration.tailer, logger: logger)
+            let tailer = FleetTailer(database: reads ?? database, primary: database, store: store, configuration: configuration.tailer, logger: logger)
             // Before any listener opens: no write may reach the local log directly, whose
             // sequence numbers are the change log's.
             store.forwardWrites(
-                to: FleetWriter(database: database, catalog: store.catalog) { _ in tailer.poke() },
+                to: FleetWriter(database: database, catalog: store.catalog) { tailer.poke(upTo: $0) },
                 applyWait: configuration.writeWait,
-                catchUp: { tailer.poke() }
+                catchUp: { tailer.poke(upTo: $0) }
             )
-            return FleetReplica(store: store, tailer: tailer, database: database, startup: startup, openReport: report)
+            return FleetReplica(store: store, tailer: tailer, database: database, reads: reads, startup: startup, openReport: report)
         } catch {
             await database.close()
+            await reads?.close()
             throw error
         }
     }
@@ -83,5 +95,6 @@ public final class FleetReplica: Sendable {
         self.store.close()
         self.store.unlock()
         await self.database.close()
+        await self.reads?.close()
     }
 }

@@ -27,7 +27,15 @@ public enum FleetSnapshot {
             return try await database.withTransaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", timeout: .seconds(3_600)) { connection in
                 let (epoch, sequence) = try await FleetTailer.head(on: connection, logger: logger)
                 let catalog = try await Self.catalog(on: connection, logger: logger)
-                var writer = try SnapshotWriter(path: path, catalog: catalog, createdDate: now, lastLogSequence: sequence, fleetEpoch: epoch)
+                let committed = try await FleetTailer.committedDate(of: sequence, on: connection, logger: logger)
+                var writer = try SnapshotWriter(
+                    path: path,
+                    catalog: catalog,
+                    createdDate: now,
+                    lastLogSequence: sequence,
+                    fleetEpoch: epoch,
+                    fleetCommittedDate: committed
+                )
                 let rows = try await connection.query("SELECT record FROM customers", logger: logger)
                 for try await bytes in rows.decode(ByteBuffer.self) {
                     try writer.append(try CustomerRecord(buffer: bytes))
@@ -105,10 +113,14 @@ public enum FleetSnapshot {
     /// otherwise starts it afresh from `seed` (an exported file of the same epoch, recent
     /// enough) or from an export streamed from PostgreSQL. Returns the store and what was
     /// done, in words for the log.
+    ///
+    /// The checks ask `database` (the primary); a fresh export reads `exportFrom` when given
+    /// (a read replica), else `database`.
     public static func openStore(
         dataDirectory directory: String,
         seed: String?,
         database: FleetDatabase,
+        exportFrom replica: FleetDatabase? = nil,
         options: CustomerStore.Options,
         now: Int64
     ) async throws -> (CustomerStore, CustomerStore.OpenReport, String) {
@@ -119,6 +131,19 @@ public enum FleetSnapshot {
                 oldest = value.map { UInt64($0) } ?? head + 1
             }
             return (epoch, head, oldest)
+        }
+        let rewritten = { (store: CustomerStore) async throws -> FleetError? in
+            let applied = store.committedSequence
+            guard applied > 0, let date = store.replicatedCommitDate(of: applied) else {
+                return nil
+            }
+            let found = try await database.withConnection { connection in
+                try await FleetTailer.committedDate(of: applied, on: connection, logger: database.logger)
+            }
+            guard let found, found != date else {
+                return nil
+            }
+            return FleetTailer.rewritten(applied, applied: date, found: found)
         }
         /// Why a snapshot (with the log after it, up to `applied`) cannot continue from
         /// the change log; nil if it can.
@@ -158,6 +183,10 @@ public enum FleetSnapshot {
                     "the data directory has applied up to sequence \(applied), but the database's change log (same epoch \(epoch)) ends at \(head): the database lost writes (restored without a new epoch?). Nothing was changed; see docs/fleet.md, \"Failures\""
                 )
             }
+            if header.fleetEpoch == epoch, let error = try await rewritten(store) {
+                store.close()
+                throw FleetError(.dataDirectory, "\(error.message). Nothing was changed; see docs/fleet.md, \"Failures\"")
+            }
             guard let why = unusable(header, applied) else {
                 return (store, report, "fleet: continuing from the data directory at sequence \(applied) (the change log's head is \(head))")
             }
@@ -169,7 +198,15 @@ public enum FleetSnapshot {
             // Log segments without a snapshot are a start-up that never finished: not ours to replay.
             _ = try Self.setAside(directory, now: now)
         }
-        let (done, seedToCopy) = try await Self.fresh(directory: directory, seed: seed, database: database, now: now, unusable: unusable, reason: reason)
+        let (done, seedToCopy) = try await Self.fresh(
+            directory: directory,
+            seed: seed,
+            database: database,
+            exportFrom: replica ?? database,
+            now: now,
+            unusable: unusable,
+            reason: reason
+        )
         let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: seedToCopy, options: options)
         return (store, report, done)
     }
@@ -178,6 +215,7 @@ public enum FleetSnapshot {
         directory: String,
         seed: String?,
         database: FleetDatabase,
+        exportFrom source: FleetDatabase,
         now: Int64,
         unusable: (SnapshotHeader, UInt64) -> String?,
         reason: String
@@ -188,15 +226,26 @@ public enum FleetSnapshot {
         let snapshotPath = "\(directory)/\(CustomerStore.snapshotFileName)"
         if let seed {
             let file = try SnapshotReader(path: seed)
-            if let why = unusable(file.header, file.header.lastLogSequence ?? 0) {
+            var why = unusable(file.header, file.header.lastLogSequence)
+            if why == nil, let date = file.header.fleetCommittedDate {
+                // Of this epoch, but is it of this history?
+                let sequence = file.header.lastLogSequence
+                let found = try await database.withConnection { connection in
+                    try await FleetTailer.committedDate(of: sequence, on: connection, logger: database.logger)
+                }
+                if let found, found != date {
+                    why = "its row \(sequence) was committed at \(date) (Unix ms), the change log's at \(found): another history in the same epoch"
+                }
+            }
+            if let why {
                 // Defined behaviour for a file from another epoch: not used, said why.
-                let report = try await Self.export(database, to: snapshotPath, now: now)
+                let report = try await Self.export(source, to: snapshotPath, now: now)
                 return ("fleet: \(reason); --snapshot \(seed) is not used (\(why)); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)", nil)
             }
             // CustomerStore.open copies it in (in chunks, fsynced, renamed into place).
-            return ("fleet: \(reason); seeded from \(seed) at sequence \(file.header.lastLogSequence ?? 0)", seed)
+            return ("fleet: \(reason); seeded from \(seed) at sequence \(file.header.lastLogSequence)", seed)
         }
-        let report = try await Self.export(database, to: snapshotPath, now: now)
+        let report = try await Self.export(source, to: snapshotPath, now: now)
         return ("fleet: \(reason); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)", nil)
     }
 

@@ -40,17 +40,32 @@ public final class FleetTailer: Sendable {
         public var lastError: String?
         /// Polls that failed in a row.
         public var failuresInARow = 0
+        /// The highest sequence a write through this server or a read asked for: while
+        /// short of it, the next poll comes soon rather than after the interval (a read
+        /// replica may not have replayed it yet).
+        public var wanted: UInt64 = 0
+        /// Until when `wanted` hurries polls (a sequence nobody wrote must not).
+        var wantedUntil = ContinuousClock.now
     }
 
+    /// Polls and exports go here: the primary, or a read replica of it (--fleet-read-url).
     private let database: FleetDatabase
+    /// LISTEN goes here: the primary (a replica in recovery cannot LISTEN).
+    private let primary: FleetDatabase
+    /// Whether `database` is a replica, whose change log may lag the primary's.
+    private var readsFromReplica: Bool { self.database !== self.primary }
     private let store: CustomerStore
     public let configuration: Configuration
     private let logger: Logger
     private let wakeup = Wakeup()
     private let state: Mutex<Status>
 
-    public init(database: FleetDatabase, store: CustomerStore, configuration: Configuration = Configuration(), logger: Logger) {
+    /// - Parameters:
+    ///   - database: where to poll: the primary, or a read replica of `primary`.
+    ///   - primary: where to LISTEN; default `database`.
+    public init(database: FleetDatabase, primary: FleetDatabase? = nil, store: CustomerStore, configuration: Configuration = Configuration(), logger: Logger) {
         self.database = database
+        self.primary = primary ?? database
         self.store = store
         self.configuration = configuration
         self.logger = logger
@@ -61,14 +76,36 @@ public final class FleetTailer: Sendable {
 
     public var status: Status { self.state.withLock { $0 } }
 
-    /// Polls now (a write through this server committed, or a NOTIFY came).
-    public func poke() {
+    /// Polls now (a write through this server committed, or a NOTIFY came, or a read
+    /// waits for `sequence`); while short of `sequence`, polls again soon.
+    public func poke(upTo sequence: UInt64 = 0) {
+        if sequence > 0 {
+            self.state.withLock { status in
+                status.wanted = max(status.wanted, sequence)
+                status.wantedUntil = .now + Self.hurryFor
+            }
+        }
         self.wakeup.signal()
     }
 
+    /// How long until the next poll: the interval, or a few milliseconds while a write or a
+    /// read waits for a sequence not applied yet (for at most ``hurryFor``).
+    private var nextPollIn: Duration {
+        let behind = self.state.withLock { status in
+            status.wanted > status.appliedSequence && status.failuresInARow == 0 && ContinuousClock.now < status.wantedUntil
+        }
+        return behind ? .milliseconds(5) : self.configuration.pollInterval
+    }
+
+    /// How long a sequence asked for hurries the polls.
+    static let hurryFor = Duration.seconds(1)
+
     /// Tails until cancelled. Throws a ``FleetError`` of kind `.rebootstrap` when the
     /// change log can no longer be followed from here (another epoch, or rows pruned past
-    /// the cursor): the server must start again from a snapshot.
+    /// the cursor): the server must start again from a snapshot; of kind `.dataDirectory`
+    /// when the database has lost writes this server applied (its change log ends before
+    /// this server's cursor, or holds other rows at sequences this server applied, in the
+    /// same epoch); of kind `.local` when this server cannot apply a row.
     public func run() async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
             if self.configuration.listen {
@@ -84,7 +121,7 @@ public final class FleetTailer: Sendable {
         while !Task.isCancelled {
             do {
                 try await self.catchUp()
-            } catch let error as FleetError where error.kind == .rebootstrap || error.kind == .local {
+            } catch let error as FleetError where [.rebootstrap, .local, .dataDirectory].contains(error.kind) {
                 self.state.withLock { $0.lastError = error.message }
                 throw error
             } catch let gap as ReplicationGap {
@@ -106,7 +143,7 @@ public final class FleetTailer: Sendable {
                 }
             }
             await withTaskCancellationHandler {
-                await self.wakeup.wait(timeout: self.configuration.pollInterval)
+                await self.wakeup.wait(timeout: self.nextPollIn)
             } onCancel: {
                 self.wakeup.signal()
             }
@@ -119,8 +156,13 @@ public final class FleetTailer: Sendable {
             let cursor = self.store.committedSequence
             let epoch = self.store.snapshot.header.fleetEpoch
             let asked = WallClock.unixMilliseconds()
+            let cursorCommitted = self.store.replicatedCommitDate(of: cursor)
             let batch = try await self.database.withConnection { connection -> (head: UInt64, rows: [CustomerStore.ReplicatedEntry]) in
-                let (headEpoch, head) = try await Self.head(on: connection, logger: self.logger)
+                // The head, and when the row at the cursor was committed: one round trip.
+                let (headEpoch, head, atCursor) = try await Self.head(on: connection, logger: self.logger, committedDateOf: cursor)
+                if let cursorCommitted, let atCursor, cursorCommitted != atCursor {
+                    throw Self.rewritten(cursor, applied: cursorCommitted, found: atCursor)
+                }
                 guard headEpoch == epoch else {
                     throw FleetError(
                         .rebootstrap,
@@ -128,8 +170,13 @@ public final class FleetTailer: Sendable {
                     )
                 }
                 guard head > cursor else {
-                    if head < cursor {
-                        throw FleetError(.rebootstrap, "the database's change log ends at \(head), but this server has applied up to \(cursor) of the same epoch")
+                    // A replica behind this server's cursor is lagging (the cursor came
+                    // from it or from the primary at start-up): wait for it.
+                    if head < cursor, !self.readsFromReplica {
+                        throw FleetError(
+                            .dataDirectory,
+                            "the database's change log (same epoch) ends at \(head), but this server has applied up to \(cursor): the database lost writes (restored without a new epoch?), and this server's data directory may be their only copy"
+                        )
                     }
                     return (head, [])
                 }
@@ -190,11 +237,41 @@ public final class FleetTailer: Sendable {
 
     /// The change log's epoch and last sequence.
     static func head(on connection: PostgresConnection, logger: Logger) async throws -> (String, UInt64) {
-        let rows = try await connection.query("SELECT epoch::text, seq FROM change_head", logger: logger)
-        for try await (epoch, sequence) in rows.decode((String, Int64).self) {
-            return (epoch, UInt64(sequence))
+        let (epoch, sequence, _) = try await Self.head(on: connection, logger: logger, committedDateOf: 0)
+        return (epoch, sequence)
+    }
+
+    /// The epoch and head of the change log, and when its row `sequence` was committed
+    /// (Unix milliseconds; nil without such a row).
+    static func head(on connection: PostgresConnection, logger: Logger, committedDateOf sequence: UInt64) async throws -> (String, UInt64, Int64?) {
+        let rows = try await connection.query(
+            """
+            SELECT h.epoch::text, h.seq,
+                (SELECT (extract(epoch FROM l.committed_at) * 1000)::bigint FROM change_log l WHERE l.seq = \(Int64(sequence)))
+            FROM change_head h
+            """,
+            logger: logger
+        )
+        for try await (epoch, head, committed) in rows.decode((String, Int64, Int64?).self) {
+            return (epoch, UInt64(head), committed)
         }
         throw FleetError(.schema, "change_head has no row: run `entitlements db migrate`")
+    }
+
+    /// When the change log's row `sequence` was committed (Unix milliseconds); nil
+    /// without such a row.
+    static func committedDate(of sequence: UInt64, on connection: PostgresConnection, logger: Logger) async throws -> Int64? {
+        try await Self.head(on: connection, logger: logger, committedDateOf: sequence).2
+    }
+
+    /// The change log holds, at a sequence this server applied, a row committed at another
+    /// time: another history in the same epoch (a restore that kept its epoch, then new
+    /// writes). This server's data may hold writes the database lost.
+    static func rewritten(_ sequence: UInt64, applied: Int64, found: Int64) -> FleetError {
+        FleetError(
+            .dataDirectory,
+            "the change log's row \(sequence) was committed at \(found) (Unix ms), but the row \(sequence) this server applied was committed at \(applied): the database's history was rewritten in the same epoch (restored without a new epoch?), and this server's data directory may hold writes the database lost"
+        )
     }
 
     /// LISTENs on a connection of its own and pokes the poller on each NOTIFY; after a
@@ -203,7 +280,7 @@ public final class FleetTailer: Sendable {
     private func listenLoop() async {
         while !Task.isCancelled {
             do {
-                let connection = try await self.database.connect()
+                let connection = try await self.primary.connect()
                 do {
                     try await connection.listen(on: FleetWriter.notifyChannel) { notifications in
                         // Whatever was committed before LISTEN took effect is found by polling.

@@ -6,16 +6,16 @@ public enum EntitlementsOutput {
     /// The JSON document `{"requestDate": ..., "validUntil": ..., "entitlements": {...}}`,
     /// every Entitlement field named as in the schema (camelCase), dates as RFC 3339 UTC
     /// with milliseconds, absent values as null.
-    /// A stale answer (a fleet server past its --max-staleness) has `"stale": true` last;
-    /// any other has no `stale` key.
+    /// A stale answer (a fleet server past its --max-staleness) has `"staleForMs": N` last;
+    /// any other has no such key.
     public static func json(_ response: CheckEntitlementsResponse, pretty: Bool = true) -> String {
         var fields: [(String, JSONValue)] = [
             ("requestDate", .date(response.requestDate)),
             ("validUntil", .date(response.validUntil)),
             ("entitlements", .object(response.entitlements.map { ($0.id ?? "", Self.json($0)) })),
         ]
-        if response.stale == true {
-            fields.append(("stale", .bool(true)))
+        if response.staleForMs != 0 {
+            fields.append(("staleForMs", .int(Int64(clamping: response.staleForMs))))
         }
         return JSONValue.object(fields).serialized(pretty: pretty)
     }
@@ -140,8 +140,8 @@ public enum EntitlementsOutput {
             }
         }
         lines.append("valid until \(response.validUntil.map(RFC3339.format) ?? "further notice (no pending change)")")
-        if response.stale == true {
-            lines.append("STALE: the server has not heard from PostgreSQL within its --max-staleness; writes made elsewhere since may be missing")
+        if response.staleForMs != 0 {
+            lines.append("STALE: the server last heard from PostgreSQL \(response.staleForMs / 1000) s ago, more than its --max-staleness; writes made elsewhere since may be missing")
         }
         return lines.joined(separator: "\n")
     }

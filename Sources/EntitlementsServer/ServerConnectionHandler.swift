@@ -285,7 +285,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .unavailable, message)
             return
         }
-        let stale = freshness == .stale
+        let stale = freshness.staleForMilliseconds
         let userId = request.userId!
         let query = CheckQuery(
             userId: userId,
@@ -299,7 +299,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
                 let promise = handler.context.eventLoop.makePromise(of: CheckOutcome.self)
                 handler.pool.check(query, for: handler.scope, completing: promise)
-                handler.answerLater(requestID, userId: userId, instant: query.instant, stale: handler.freshness() == .stale, promise.futureResult)
+                handler.answerLater(requestID, userId: userId, instant: query.instant, staleForMilliseconds: handler.freshness().staleForMilliseconds, promise.futureResult)
             }
             return
         }
@@ -312,7 +312,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         if let outcome, !outcome.isForward {
             self.answer(Call(timer: nil, method: self.current.method, start: self.current.start), requestID) { buffer in
-                Self.writeCheck(outcome, userId: userId, instant: query.instant, stale: stale, into: &buffer)
+                Self.writeCheck(outcome, userId: userId, instant: query.instant, staleForMilliseconds: stale, into: &buffer)
             } failure: {
                 Self.status(of: outcome)
             }
@@ -328,15 +328,20 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         } else {
             self.pool.check(query, for: self.scope, completing: promise)
         }
-        self.answerLater(requestID, userId: userId, instant: query.instant, stale: stale, promise.futureResult)
+        self.answerLater(requestID, userId: userId, instant: query.instant, staleForMilliseconds: stale, promise.futureResult)
     }
 
     private enum Freshness: Equatable {
         case current
-        /// Past --max-staleness, policy open: answered, flagged `stale`.
-        case stale
+        /// Past --max-staleness, policy open: answered with `stale_for_ms`.
+        case stale(milliseconds: UInt64)
         /// Past --max-staleness, policy closed: UNAVAILABLE with this message.
         case refused(String)
+
+        /// What `stale_for_ms` carries: 0 unless stale.
+        var staleForMilliseconds: UInt64 {
+            if case .stale(let milliseconds) = self { milliseconds } else { 0 }
+        }
     }
 
     /// Whether a fleet server has heard from PostgreSQL within --max-staleness
@@ -351,7 +356,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         switch self.configuration.stalePolicy {
         case .open:
-            return .stale
+            return .stale(milliseconds: UInt64(since))
         case .closed:
             return .refused(Self.staleMessage(sinceMilliseconds: since, bound: bound))
         }
@@ -379,7 +384,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let run = NIOLoopBound(run, eventLoop: loop)
         let store = self.services.store
         let wait = self.configuration.minimumSequenceWait
-        store.requestCatchUp()
+        store.requestCatchUp(to: minimum)
         Task {
             let caughtUp = await store.waitUntilApplied(minimum, timeout: .nanoseconds(wait.nanoseconds))
             loop.execute {
@@ -401,10 +406,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     /// Answers an accepted check when its resolver on another event loop is done.
-    private func answerLater(_ requestID: UInt64, userId: String, instant: Int64, stale: Bool, _ outcome: EventLoopFuture<CheckOutcome>) {
+    private func answerLater(_ requestID: UInt64, userId: String, instant: Int64, staleForMilliseconds: UInt64, _ outcome: EventLoopFuture<CheckOutcome>) {
         outcome.assumeIsolated().whenSuccess { outcome in
             self.complete(requestID) { buffer in
-                Self.writeCheck(outcome, userId: userId, instant: instant, stale: stale, into: &buffer)
+                Self.writeCheck(outcome, userId: userId, instant: instant, staleForMilliseconds: staleForMilliseconds, into: &buffer)
             } failure: {
                 Self.status(of: outcome)
             }
@@ -413,10 +418,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// Writes a check's RESPONSE payload: the answer's bytes and nil flags for a failure
     /// (whose message it writes).
-    private static func writeCheck(_ outcome: CheckOutcome, userId: String, instant: Int64, stale: Bool, into buffer: inout ByteBuffer) -> FrameFlags? {
+    private static func writeCheck(_ outcome: CheckOutcome, userId: String, instant: Int64, staleForMilliseconds: UInt64, into buffer: inout ByteBuffer) -> FrameFlags? {
         switch outcome {
         case .answer(let answer, let customerId, let fromCache):
-            answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, stale: stale, into: &buffer)
+            answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, staleForMilliseconds: staleForMilliseconds, into: &buffer)
             return fromCache ? .fromCache : []
         case .deadlineExceeded, .forward:
             return nil
@@ -474,16 +479,16 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
         if request.minLogSequence > 0, self.services.store.appliedSequence < request.minLogSequence {
             self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
-                handler.runBatch(request, instant: instant, stale: handler.freshness() == .stale, requestID: requestID, deadline: deadline)
+                handler.runBatch(request, instant: instant, staleForMilliseconds: handler.freshness().staleForMilliseconds, requestID: requestID, deadline: deadline)
             }
             return
         }
         self.accept(requestID, deadline: deadline)
-        self.runBatch(request, instant: instant, stale: freshness == .stale, requestID: requestID, deadline: deadline)
+        self.runBatch(request, instant: instant, staleForMilliseconds: freshness.staleForMilliseconds, requestID: requestID, deadline: deadline)
     }
 
     /// Resolves an accepted batch and answers it.
-    private func runBatch(_ request: BatchCheckEntitlementsRequest, instant: Int64, stale: Bool, requestID: UInt64, deadline: NIODeadline?) {
+    private func runBatch(_ request: BatchCheckEntitlementsRequest, instant: Int64, staleForMilliseconds: UInt64, requestID: UInt64, deadline: NIODeadline?) {
         let queries = request.userIds.map { userId in
             CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline)
         }
@@ -515,7 +520,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                         continue
                     }
                     single.clear()
-                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, stale: stale, into: &single)
+                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, staleForMilliseconds: staleForMilliseconds, into: &single)
                     // results (field 1) of BatchCheckEntitlementsResponse: tag, length, message.
                     Self.writeVarint(1 << 3 | 2, into: &buffer)
                     Self.writeVarint(UInt64(single.readableBytes), into: &buffer)

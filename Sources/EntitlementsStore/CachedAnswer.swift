@@ -64,15 +64,15 @@ public struct CachedAnswer: Sendable, Hashable {
     }
 
     /// Appends the encoded CheckEntitlementsResponse for this answer to `buffer`: the
-    /// per-request fields, then the cached bytes, in one reservation and one pass. `stale`
-    /// sets the `stale` field (a fleet server past its --max-staleness, answering anyway).
-    public func writeResponse(userId: String, customerId: String?, requestDate: Int64, stale: Bool = false, into buffer: inout ByteBuffer) {
+    /// per-request fields, then the cached bytes, in one reservation and one pass.
+    /// `staleForMilliseconds` (not 0: a fleet server past its --max-staleness, answering
+    /// anyway) sets `stale_for_ms`.
+    public func writeResponse(userId: String, customerId: String?, requestDate: Int64, staleForMilliseconds: UInt64 = 0, into buffer: inout ByteBuffer) {
         var userId = userId
         let hasCustomer = customerId != nil
         var customerId = customerId ?? ""
-        // Two strings (tag, up to 5 length bytes), three 64-bit fields (tag, up to 10 bytes)
-        // and a bool (tag, 1 byte).
-        let most = 12 + userId.utf8.count + customerId.utf8.count + 33 + 2 + self.encodedEntitlements.count
+        // Two strings (tag, up to 5 length bytes) and four 64-bit fields (tag, up to 10 bytes).
+        let most = 12 + userId.utf8.count + customerId.utf8.count + 44 + self.encodedEntitlements.count
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: most) { out in
             var writer = WireWriter(out: out)
             writer.string(field: 1, &userId)
@@ -90,9 +90,9 @@ public struct CachedAnswer: Sendable, Hashable {
                 writer.varint(6 << 3)
                 writer.varint(self.logSequence)
             }
-            if stale {
+            if staleForMilliseconds != 0 {
                 writer.varint(7 << 3)
-                writer.varint(1)
+                writer.varint(staleForMilliseconds)
             }
             return writer.position
         }

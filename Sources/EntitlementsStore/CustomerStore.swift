@@ -162,10 +162,14 @@ public final class CustomerStore: Sendable {
         var upstream: (any WriteUpstream)?
         var upstreamApplyWait: Duration = .seconds(1)
         /// Asks the upstream's tailer to poll now (a read waits for a sequence).
-        var catchUp: (@Sendable () -> Void)?
+        var catchUp: (@Sendable (UInt64) -> Void)?
         /// Identifies barriers, so that a bounded wait that ran out withdraws its own (1 on;
         /// 0 for barriers never withdrawn).
         var nextBarrierId: UInt64 = 1
+        /// Fleet mode: the newest replicated write logged here and when the upstream
+        /// committed it, if known (to tell it from another write a rewritten history puts
+        /// at the same sequence).
+        var lastReplicated: (sequence: UInt64, committedDate: Int64)?
     }
 
     /// Sends every write to `upstream` (fleet mode) instead of the local log: the local log
@@ -173,8 +177,9 @@ public final class CustomerStore: Sendable {
     /// the upstream numbered them. A write is acknowledged once the upstream made it
     /// durable and, within `applyWait`, this store has applied it too (so the writer reads
     /// its own write here); past that it is acknowledged anyway, with its sequence.
-    /// `catchUp` asks for the upstream's new writes now (``requestCatchUp()``).
-    public func forwardWrites(to upstream: any WriteUpstream, applyWait: Duration, catchUp: @escaping @Sendable () -> Void = {}) {
+    /// `catchUp` asks for the upstream's new writes, up to a sequence, now
+    /// (``requestCatchUp(to:)``).
+    public func forwardWrites(to upstream: any WriteUpstream, applyWait: Duration, catchUp: @escaping @Sendable (UInt64) -> Void = { _ in }) {
         self.state.withLock { state in
             state.upstream = upstream
             state.upstreamApplyWait = applyWait
@@ -203,9 +208,10 @@ public final class CustomerStore: Sendable {
         return instant == 0 ? nil : instant
     }
 
-    /// A read waits for writes this store has not applied: fleet mode polls now.
-    public func requestCatchUp() {
-        self.state.withLock { $0.catchUp }?()
+    /// A read waits for writes up to `sequence`, which this store has not applied: fleet
+    /// mode polls now, and again soon while it is short of it.
+    public func requestCatchUp(to sequence: UInt64) {
+        self.state.withLock { $0.catchUp }?(sequence)
     }
 
     /// Work to do when a write has become durable and visible, before it is acknowledged
@@ -222,7 +228,9 @@ public final class CustomerStore: Sendable {
         self.log = log
         self.lockFD = lockFD
         let covered = snapshot.header.lastLogSequence ?? 0
-        self.state = Mutex(State(snapshot: snapshot, committedSequence: covered, acknowledgedSequence: covered))
+        var state = State(snapshot: snapshot, committedSequence: covered, acknowledgedSequence: covered)
+        state.lastReplicated = snapshot.header.fleetCommittedDate.map { (covered, $0) }
+        self.state = Mutex(state)
     }
 
     deinit {
@@ -307,6 +315,7 @@ public final class CustomerStore: Sendable {
                 state.latest = replayed.latest
                 state.committedSequence = replayed.committedSequence
                 state.acknowledgedSequence = replayed.committedSequence
+                state.lastReplicated = replayed.lastReplicated
             }
         }
         return store
@@ -328,6 +337,9 @@ public final class CustomerStore: Sendable {
             state.latest.apply(effect, sequence: record.sequence)
             state.committed.apply(effect, sequence: record.sequence)
             state.committedSequence = record.sequence
+            if case .replicatedWrite = mutation, let date = record.recordedDate {
+                state.lastReplicated = (record.sequence, date)
+            }
         }
     }
 
@@ -338,6 +350,15 @@ public final class CustomerStore: Sendable {
 
     /// The sequence of the last acknowledged write.
     public var committedSequence: UInt64 { self.state.withLock { $0.committedSequence } }
+
+    /// Fleet mode: when the upstream committed the replicated write at `sequence`, if that
+    /// is the newest one logged here and its time is known (from the log, or from the
+    /// snapshot's header when the snapshot ends there).
+    public func replicatedCommitDate(of sequence: UInt64) -> Int64? {
+        self.state.withLock { state in
+            state.lastReplicated.flatMap { $0.sequence == sequence ? $0.committedDate : nil }
+        }
+    }
 
     /// Customers written since the snapshot (the overlay's size).
     public var overlayCount: Int { self.state.withLock { $0.committed.customers.count } }
@@ -555,6 +576,7 @@ public final class CustomerStore: Sendable {
                         return error
                     }
                     state.latest.apply(effect, sequence: entry.sequence)
+                    state.lastReplicated = (entry.sequence, entry.recordedDate)
                 }
                 return nil
             }
@@ -681,13 +703,22 @@ public final class CustomerStore: Sendable {
         guard await self.waitUntilApplied(firstOfNewSegment - 1, timeout: nil) else {
             throw WriteRefusal(.unavailable, "the log failed; restart the server to replay it")
         }
-        let (overlay, sequence, old) = self.state.withLock { ($0.committed, $0.committedSequence, $0.snapshot) }
+        let (overlay, sequence, old, committedDate) = self.state.withLock { state in
+            (state.committed, state.committedSequence, state.snapshot, state.lastReplicated.flatMap { $0.sequence == state.committedSequence ? $0.committedDate : nil })
+        }
 
         // 2. Old snapshot + overlay -> a new snapshot, off the cooperative pool.
         let path = "\(directory)/\(Self.snapshotFileName)"
         let catalog = old.catalog
         let written: UInt64 = try await Self.onWorkerThread {
-            var writer = try SnapshotWriter(path: path, catalog: catalog, createdDate: now, lastLogSequence: sequence, fleetEpoch: old.header.fleetEpoch)
+            var writer = try SnapshotWriter(
+                path: path,
+                catalog: catalog,
+                createdDate: now,
+                lastLogSequence: sequence,
+                fleetEpoch: old.header.fleetEpoch,
+                fleetCommittedDate: committedDate
+            )
             var replaced = Set<String>()
             try old.forEachRecord { record, _ in
                 guard let id = record.id else { return }

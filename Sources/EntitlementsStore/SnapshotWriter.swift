@@ -33,13 +33,16 @@ public struct SnapshotWriter: ~Copyable {
     ///   - createdDate: Unix milliseconds.
     ///   - lastLogSequence: the last write-ahead log sequence the snapshot contains.
     ///   - fleetEpoch: fleet mode: the epoch of the change log `lastLogSequence` counts in.
+    ///   - fleetCommittedDate: fleet mode: when the change log row `lastLogSequence` was
+    ///     committed, if known.
     public init(
         path: String,
         catalog: Catalog,
         createdDate: Int64,
         snapshotId: String? = nil,
         lastLogSequence: UInt64 = 0,
-        fleetEpoch: String? = nil
+        fleetEpoch: String? = nil,
+        fleetCommittedDate: Int64? = nil
     ) throws {
         self.path = path
         self.temporaryPath = "\(path).tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
@@ -51,7 +54,8 @@ public struct SnapshotWriter: ~Copyable {
             recordCount: 0,
             catalog: catalog,
             lastLogSequence: lastLogSequence,
-            fleetEpoch: fleetEpoch
+            fleetEpoch: fleetEpoch,
+            fleetCommittedDate: fleetCommittedDate
         )
     }
 

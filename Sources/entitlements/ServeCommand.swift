@@ -93,6 +93,8 @@ struct ServeCommand: AsyncParsableCommand {
     var fleetConnections: String?
     @Option(help: "Fleet mode: how long a write waits after COMMIT for this server to apply it (default 1s).")
     var fleetWriteWait: String?
+    @Option(help: "Fleet mode: a read replica of --postgres to poll and to export from at a fresh start (same URL form).")
+    var fleetReadUrl: String?
     @Option(help: "Fleet mode: past this long since the last successful poll of PostgreSQL, check answers are stale (default 30s).")
     var maxStaleness: String?
     @Option(help: "Fleet mode: a stale server answers checks flagged stale (open, the default) or refuses them with UNAVAILABLE (closed).")
@@ -109,7 +111,7 @@ struct ServeCommand: AsyncParsableCommand {
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
             ("admin", self.admin), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
-            ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy),
+            ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy), ("fleet-read-url", self.fleetReadUrl),
         ]
         for case let (name, value?) in options {
             values[name] = value
@@ -260,7 +262,11 @@ struct ServeCommand: AsyncParsableCommand {
         store.close()  // waits for queued writes' fsync
         await fleet?.database.close()
         if let failure = fleet?.failure {
-            Self.say("fleet: \(failure); start the server again: it starts its data directory afresh from PostgreSQL")
+            if failure.kind == .dataDirectory {
+                Self.say("fleet: \(failure); this server stopped and will refuse to start on this data directory until the database has a new epoch (docs/fleet.md, \"Epochs\"), which starts it afresh and keeps the old data in the directory's replaced-<time> folder")
+            } else {
+                Self.say("fleet: \(failure); start the server again: it starts its data directory afresh from PostgreSQL")
+            }
             throw ExitCode(1)
         }
         if service.drained {
@@ -310,14 +316,16 @@ struct ServeCommand: AsyncParsableCommand {
                 tailer: .init(pollInterval: .nanoseconds(poll.nanoseconds), listen: try settings.bool("fleet-listen")),
                 writeWait: .nanoseconds(wait.nanoseconds),
                 storeOptions: .init(syncMode: try settings.syncMode(), compactAfterLogBytes: threshold == 0 ? nil : threshold),
-                connections: try settings.integer("fleet-connections", in: 1...100)
+                connections: try settings.integer("fleet-connections", in: 1...100),
+                readURL: try settings.fleetReadURL()
             ),
             logger: logger,
             now: WallClock.unixMilliseconds()
         )
         Self.say(replica.startup)
         Self.say("log replayed: \(replica.openReport.replayedRecords) writes applied (\(replica.openReport.skippedRecords) already in the snapshot)")
-        Self.say("fleet mode: writes go to \(url); tailing its change log from sequence \(replica.store.committedSequence)")
+        let polled = try settings.fleetReadURL().map { "the replica \($0)" } ?? "it"
+        Self.say("fleet mode: writes go to \(url); tailing its change log from sequence \(replica.store.committedSequence), polling \(polled)")
         return (replica.store, FleetService(tailer: replica.tailer, database: replica.database, logger: logger))
     }
 
@@ -484,7 +492,7 @@ final class FleetService: Service, Sendable {
     let tailer: FleetTailer
     let database: FleetDatabase
     private let logger: Logger
-    private let failed = Mutex<String?>(nil)
+    private let failed = Mutex<FleetError?>(nil)
 
     init(tailer: FleetTailer, database: FleetDatabase, logger: Logger) {
         self.tailer = tailer
@@ -493,7 +501,7 @@ final class FleetService: Service, Sendable {
     }
 
     /// Why tailing stopped, if it failed.
-    var failure: String? { self.failed.withLock { $0 } }
+    var failure: FleetError? { self.failed.withLock { $0 } }
 
     func run() async throws {
         do {
@@ -503,7 +511,7 @@ final class FleetService: Service, Sendable {
         } catch is CancellationError {
             return
         } catch {
-            self.failed.withLock { $0 = "\(error)" }
+            self.failed.withLock { $0 = error as? FleetError ?? FleetError(.local, "\(error)") }
             self.logger.error("fleet: cannot follow the change log: \(error)")
             throw error
         }

@@ -49,6 +49,7 @@ struct ServeSettings {
         Key(name: "fleet-poll-interval", defaultValue: "250ms", help: "fleet mode: how often the change log is polled when no NOTIFY arrives"),
         Key(name: "fleet-listen", defaultValue: "true", help: "fleet mode: LISTEN for the writers' NOTIFY (false: polling only)"),
         Key(name: "fleet-connections", defaultValue: "4", help: "fleet mode: connections to PostgreSQL for writes and polls, 1 to 100 (LISTEN takes one more)"),
+        Key(name: "fleet-read-url", defaultValue: nil, help: "fleet mode: a read replica of --postgres to poll and to export from at a fresh start (writes, LISTEN and start-up checks stay on --postgres)"),
         Key(name: "max-staleness", defaultValue: "30s", help: "fleet mode: past this long since the last successful poll of PostgreSQL, check answers are stale (--stale-policy)"),
         Key(name: "stale-policy", defaultValue: "open", help: "fleet mode: what a stale server does with checks: open (answer, flagged stale) or closed (UNAVAILABLE; Health and /readyz not serving)"),
         Key(name: "fleet-write-wait", defaultValue: "1s", help: "fleet mode: how long a write waits, after COMMIT, for this server to apply it"),
@@ -188,13 +189,22 @@ struct ServeSettings {
 
     /// Fleet mode's database, if `--postgres` is set.
     func fleetURL() throws -> FleetDatabaseURL? {
-        guard let text = self.text("postgres") else {
+        try self.databaseURL("postgres")
+    }
+
+    /// Fleet mode: the read replica to poll and export from, if given.
+    func fleetReadURL() throws -> FleetDatabaseURL? {
+        try self.databaseURL("fleet-read-url")
+    }
+
+    private func databaseURL(_ name: String) throws -> FleetDatabaseURL? {
+        guard let text = self.text(name) else {
             return nil
         }
         do {
             return try FleetDatabaseURL(text)
         } catch {
-            throw ValidationError("\(self.origin("postgres")): \(error)")
+            throw ValidationError("\(self.origin(name)): \(error)")
         }
     }
 
@@ -215,11 +225,15 @@ struct ServeSettings {
     /// The server configuration; throws the first invalid setting.
     func serverConfiguration() throws -> ServerConfiguration {
         let noTCP = try self.bool("no-tcp")
+        if self.text("fleet-read-url") != nil, self.text("postgres") == nil {
+            throw ValidationError("--fleet-read-url needs --postgres URL: the replica is read, the primary takes the writes")
+        }
         if self.text("postgres") != nil {
             guard self.dataDirectory != nil else {
                 throw ValidationError("--postgres needs --data-dir DIR: a fleet server keeps its copy of the change log there (docs/fleet.md)")
             }
             _ = try self.fleetURL()
+            _ = try self.fleetReadURL()
             _ = try self.duration("fleet-poll-interval")
             _ = try self.duration("fleet-write-wait")
             _ = try self.bool("fleet-listen")
@@ -275,7 +289,7 @@ struct ServeSettings {
         Self.keys.map { key in
             let value = self.values[key.name]
             var text = value?.text ?? "(none)"
-            if key.name == "postgres", let url = try? self.fleetURL() {
+            if key.name == "postgres" || key.name == "fleet-read-url", let url = try? self.databaseURL(key.name) {
                 text = "\(url)"  // never the password
             }
             return "\(key.name) = \(text)  # \(value?.source ?? "default")"

@@ -50,12 +50,18 @@ final class FleetWorld: @unchecked Sendable {
     }
 
     /// Opens a server's replica on data directory `name`; its tailer runs in `tasks`.
-    func replica(_ name: String, seed: String? = nil, listen: Bool = true, poll: Duration = .milliseconds(100)) async throws -> FleetReplica {
+    func replica(
+        _ name: String,
+        seed: String? = nil,
+        listen: Bool = true,
+        poll: Duration = .milliseconds(100),
+        reads: FleetDatabaseURL? = nil
+    ) async throws -> FleetReplica {
         try await FleetReplica.open(
             url: self.postgres.databaseURL,
             dataDirectory: self.scratch + "/" + name,
             seed: seed,
-            configuration: .init(tailer: .init(pollInterval: poll, listen: listen), writeWait: .seconds(2)),
+            configuration: .init(tailer: .init(pollInterval: poll, listen: listen), writeWait: .seconds(2), readURL: reads),
             logger: self.logger,
             now: self.now
         )
@@ -490,6 +496,70 @@ struct FleetTests {
         await b.close()
     }
 
+    @Test("a history rewritten in the same epoch (a restore that kept its epoch, then new writes) is detected by a running server, at start-up, and in a --snapshot file; a new epoch starts the server afresh", .timeLimit(.minutes(2)))
+    func rewrittenHistory() async throws {
+        let world = try await FleetWorld()
+        let a = try await world.replica("a")
+        var b = try await world.replica("b")
+        try await tailing([a, b]) { [b] in
+            for id in ["g1", "g2", "g3"] {
+                _ = try await a.store.write(FleetWorld.grant("alice", id), now: world.now)
+            }
+            #expect(await b.store.waitUntilApplied(3, timeout: .seconds(20)))
+        }
+        // A compaction keeps when row 3 was committed (in the snapshot's header), so a
+        // restart can still tell it from another row 3.
+        _ = try await b.store.compact(hotList: [], now: world.now)
+        await b.close()
+        b = try await world.replica("b")
+        #expect(b.store.snapshot.header.fleetCommittedDate != nil && b.store.replicatedCommitDate(of: 3) == b.store.snapshot.header.fleetCommittedDate)
+        let old = world.scratch + "/old.snap"
+        let exported = try await FleetSnapshot.export(a.database, to: old, now: world.now)
+        #expect(exported.sequence == 3)
+        await a.close()
+
+        // The database goes back to sequence 1, keeping its epoch, and takes new writes:
+        // rows 2 and 3 are now other writes than the ones b applied.
+        try world.postgres.sql("DELETE FROM change_log WHERE seq > 1")
+        try world.postgres.sql("UPDATE change_head SET seq = 1")
+        try await Task.sleep(for: .milliseconds(5))  // commit times differ in milliseconds
+        let database = world.database()
+        let writer = FleetWriter(database: database, catalog: b.store.catalog)
+        for id in ["x2", "x3", "x4"] {
+            _ = try await writer.write(FleetWorld.grant("bob", id), now: world.now)
+        }
+        await database.close()
+
+        // Running: b stops tailing, saying what happened; nothing of the new history is applied.
+        await #expect {
+            try await b.tailer.run()
+        } throws: { error in
+            (error as? FleetError)?.kind == .dataDirectory && "\(error)".contains("the change log's row 3 was committed at")
+                && "\(error)".contains("history was rewritten in the same epoch")
+        }
+        #expect(try b.store.grantIds("bob") == [])
+        await b.close()
+        // Started again: refused, and the directory is left as it is (it may hold the only
+        // copy of writes the database lost).
+        await #expect {
+            _ = try await world.replica("b")
+        } throws: { error in
+            (error as? FleetError)?.kind == .dataDirectory && "\(error)".contains("history was rewritten") && "\(error)".contains("Nothing was changed")
+        }
+        // A --snapshot file of the old history is not used.
+        let c = try await world.replica("c", seed: old)
+        #expect(c.startup.contains("--snapshot \(old) is not used (its row 3 was committed at") && c.startup.contains("exported"), "\(c.startup)")
+        #expect(try c.store.grantIds("bob") == ["x2", "x3", "x4"] && c.store.committedSequence == 4)
+        await c.close()
+
+        // The operator sets a new epoch: b starts afresh, its old data kept aside.
+        try world.postgres.sql("UPDATE change_head SET epoch = gen_random_uuid()")
+        b = try await world.replica("b")
+        #expect(b.startup.contains("is from epoch") && b.startup.contains("kept in"), "\(b.startup)")
+        #expect(try b.store.grantIds("bob") == ["x2", "x3", "x4"])
+        await b.close()
+    }
+
     @Test("serve --postgres with an unreachable database exits 2 saying so, and the password never appears")
     func serveUnreachable() throws {
         let port = try PostgresServer.freePort()
@@ -778,6 +848,44 @@ struct FleetServerTests {
         try await b.stop()
     }
 
+    @Test("--fleet-read-url: a server polls and exports from a streaming read replica, writes to the primary, and still reads its own writes and others' with min_log_sequence", .timeLimit(.minutes(2)))
+    func readReplica() async throws {
+        let world = try await FleetWorld()
+        let standby = try PostgresServer(replicaOf: world.postgres)
+        let a = try await Node(try await world.replica("a"), now: world.now)
+        // Polls every 30 s unless a write or a read asks for a sequence: then soon.
+        let b = try await Node(try await world.replica("b", poll: .seconds(30), reads: standby.databaseURL), now: world.now)
+        #expect(b.replica.startup.contains("exported"), "\(b.replica.startup)")
+        try await tailing([a.replica, b.replica]) {
+            let first: WriteResponse = try await a.client.call(.grantEntitlement, GrantEntitlementRequest(userId: "bob", grant: Grant(grantId: "g1", entitlementId: "premium")))
+            let read = try await b.client.checkEntitlements(CheckEntitlementsRequest(userId: "anon-bob", minLogSequence: first.logSequence))
+            #expect(read.entitlements.first { $0.id == "premium" }?.isActive == true)
+            // A write through B goes to the primary; B reads it back at once, through the replica.
+            let second: WriteResponse = try await b.client.call(.grantEntitlement, GrantEntitlementRequest(userId: "alice", grant: Grant(grantId: "g2", entitlementId: "premium")))
+            #expect(second.logSequence == 2)
+            #expect(b.replica.store.appliedSequence == 2)
+            #expect(try b.replica.store.grantIds("alice") == ["g2"])
+
+            // The replica stops: B's polls fail (they go there), its writes still commit on the primary.
+            try standby.stop(mode: "immediate")
+            let third: WriteResponse = try await b.client.call(.grantEntitlement, GrantEntitlementRequest(userId: "alice", grant: Grant(grantId: "g3", entitlementId: "premium")))
+            #expect(third.logSequence == 3)
+            #expect(b.replica.tailer.status.failuresInARow > 0 && b.replica.store.appliedSequence == 2)
+            #expect(await a.replica.store.waitUntilApplied(3, timeout: .seconds(20)))
+            // Back: B catches up on the next read that asks for it.
+            try standby.start()
+            var caughtUp = false
+            for _ in 0..<200 where !caughtUp {
+                caughtUp = (try? await b.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice", minLogSequence: 3))) != nil
+                if !caughtUp { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            #expect(caughtUp)
+            #expect(try b.replica.store.grantIds("alice") == ["g2", "g3"])
+        }
+        try await a.stop()
+        try await b.stop()
+    }
+
     @Test("PostgreSQL gone past --max-staleness: policy open answers flagged stale, policy closed refuses with UNAVAILABLE and Health says NOT_SERVING; both recover when it is back", .timeLimit(.minutes(2)))
     func staleness() async throws {
         let world = try await FleetWorld()
@@ -789,7 +897,7 @@ struct FleetServerTests {
             // Current: no flag, and serving.
             for node in [open, closed] {
                 let answer = try await node.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
-                #expect(answer.customerId == "alice" && answer.stale != true)
+                #expect(answer.customerId == "alice" && answer.staleForMs == 0)
                 let health: HealthResponse = try await node.client.call(.health, HealthRequest())
                 #expect(health.status == .serving)
             }
@@ -799,14 +907,14 @@ struct FleetServerTests {
             var flagged = false
             for _ in 0..<100 where !flagged {
                 try await Task.sleep(for: .milliseconds(50))
-                flagged = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice")).stale == true
+                flagged = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice")).staleForMs > 600
             }
             #expect(flagged)
             // Open: the answers are what it applied, each flagged.
             let answer = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "anon-bob"))
-            #expect(answer.customerId == "bob" && answer.stale == true)
+            #expect(answer.customerId == "bob" && answer.staleForMs > 600)
             let answers: BatchCheckEntitlementsResponse = try await open.client.call(.batchCheckEntitlements, batch)
-            #expect(answers.results.count == 2 && answers.results.allSatisfy { $0.stale == true })
+            #expect(answers.results.count == 2 && answers.results.allSatisfy { $0.staleForMs > 600 })
             let openHealth: HealthResponse = try await open.client.call(.health, HealthRequest())
             #expect(openHealth.status == .serving)
             // Closed: refused, saying why and what to do, and Health says so.
@@ -833,7 +941,7 @@ struct FleetServerTests {
             }
             #expect(recovered)
             let fresh = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
-            #expect(fresh.stale != true)
+            #expect(fresh.staleForMs == 0)
             let health: HealthResponse = try await closed.client.call(.health, HealthRequest())
             #expect(health.status == .serving)
         }

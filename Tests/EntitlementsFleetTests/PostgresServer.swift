@@ -28,6 +28,19 @@ final class PostgresServer: @unchecked Sendable {
         try self.start()
     }
 
+    /// A streaming read replica of `primary` (pg_basebackup -R), started on a port of its own.
+    init(replicaOf primary: PostgresServer) throws {
+        self.binaries = primary.binaries
+        self.directory = try Self.makeDirectory()
+        self.port = try Self.freePort()
+        try self.run(
+            "pg_basebackup",
+            ["-h", "127.0.0.1", "-p", "\(primary.port)", "-U", "postgres", "-D", self.directory + "/data", "-R", "-X", "stream", "--no-sync"],
+            environment: ["PGPASSWORD": Self.password]
+        )
+        try self.start()
+    }
+
     deinit {
         _ = try? self.run("pg_ctl", ["-D", self.directory + "/data", "-m", "immediate", "stop"], check: false)
         try? FileManager.default.removeItem(atPath: self.directory)

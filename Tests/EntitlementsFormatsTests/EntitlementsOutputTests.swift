@@ -39,10 +39,10 @@ struct EntitlementsOutputTests {
 
     @Test("a stale answer (fleet mode past --max-staleness) says so last, in JSON and in the table; others have no stale key")
     func staleAnswer() {
-        var stale = CheckEntitlementsResponse(userId: "u", customerId: "u", requestDate: 0, stale: true)
-        #expect(EntitlementsOutput.json(stale, pretty: false) == #"{"requestDate":"1970-01-01T00:00:00.000Z","validUntil":null,"entitlements":{},"stale":true}"#)
-        #expect(EntitlementsOutput.table(stale).hasSuffix("\nSTALE: the server has not heard from PostgreSQL within its --max-staleness; writes made elsewhere since may be missing"))
-        stale.stale = false
+        var stale = CheckEntitlementsResponse(userId: "u", customerId: "u", requestDate: 0, staleForMs: 42_500)
+        #expect(EntitlementsOutput.json(stale, pretty: false) == #"{"requestDate":"1970-01-01T00:00:00.000Z","validUntil":null,"entitlements":{},"staleForMs":42500}"#)
+        #expect(EntitlementsOutput.table(stale).hasSuffix("\nSTALE: the server last heard from PostgreSQL 42 s ago, more than its --max-staleness; writes made elsewhere since may be missing"))
+        stale.staleForMs = 0
         #expect(!EntitlementsOutput.json(stale, pretty: false).contains("stale"))
         #expect(!EntitlementsOutput.table(stale).contains("STALE"))
     }

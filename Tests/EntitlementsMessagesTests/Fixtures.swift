@@ -76,7 +76,8 @@ enum Fixtures {
         requestDate: 1_767_225_600_000,
         validUntil: 1_769_904_000_000,
         entitlements: [entitlement, Entitlement(id: "pro", isActive: false)],
-        logSequence: 42
+        logSequence: 42,
+        staleForMs: 31_000
     )
 
     static let entitlementChange = EntitlementChange(
@@ -160,7 +161,8 @@ enum Fixtures {
             recordCount: 1_000_000,
             catalog: catalog,
             lastLogSequence: 77,
-            fleetEpoch: "0b9f4e7a-8f0e-4c71-9a55-1d2f3c4b5a69"
+            fleetEpoch: "0b9f4e7a-8f0e-4c71-9a55-1d2f3c4b5a69",
+            fleetCommittedDate: 1_767_225_600_123
         ),
         LogRecord(sequence: 1, recordedDate: 1_767_225_600_000, mutation: .grantEntitlement(grantEntitlement)),
         customerChange,

@@ -132,11 +132,11 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
     /// it. Give it to WatchEntitlementsRequest.after_log_sequence to watch from this
     /// answer on with no change missed. Absent (0) before the first write.
     public var logSequence: UInt64 = 0
-    /// Fleet mode only: true when this server has not heard from PostgreSQL for longer
-    /// than its --max-staleness and answers anyway (--stale-policy open): the answer is
-    /// what the server applied, and writes made elsewhere since may be missing. Absent
-    /// (false) otherwise (docs/fleet.md, "Staleness").
-    public var stale: Bool = false
+    /// Fleet mode only: present (not 0) when this server has not heard from PostgreSQL for
+    /// longer than its --max-staleness and answers anyway (--stale-policy open): how long,
+    /// in milliseconds. The answer is what the server applied; writes made elsewhere since
+    /// may be missing. Absent otherwise (docs/fleet.md, "Staleness").
+    public var staleForMs: UInt64 = 0
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -149,7 +149,7 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
         validUntil: Int64? = nil,
         entitlements: [Entitlement] = [],
         logSequence: UInt64 = 0,
-        stale: Bool = false
+        staleForMs: UInt64 = 0
     ) {
         self.userId = userId
         self.customerId = customerId
@@ -157,7 +157,7 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
         self.validUntil = validUntil
         self.entitlements = entitlements
         self.logSequence = logSequence
-        self.stale = stale
+        self.staleForMs = staleForMs
     }
 }
 
@@ -199,7 +199,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         self.validUntil = c.has_valid_until != 0 ? c.valid_until : nil
         self.entitlements = try liftMessages(c.n_entitlements, c.entitlements, as: Entitlement.self, field: "entitlements")
         self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
-        self.stale = c.has_stale != 0 && c.stale != 0
+        self.staleForMs = c.has_stale_for_ms != 0 ? c.stale_for_ms : 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -211,7 +211,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         if let value = self.validUntil { c.pointee.has_valid_until = 1; c.pointee.valid_until = value }
         (c.pointee.n_entitlements, c.pointee.entitlements) = try arena.lowerMessages(self.entitlements, field: "entitlements")
         if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
-        c.pointee.has_stale = 1; c.pointee.stale = self.stale ? 1 : 0
+        if self.staleForMs != 0 { c.pointee.has_stale_for_ms = 1; c.pointee.stale_for_ms = self.staleForMs }
         return c
     }
 }

@@ -268,6 +268,10 @@ public struct SnapshotHeader: Sendable, Hashable {
     /// Fleet mode (docs/fleet.md): the epoch of the PostgreSQL change log whose sequence
     /// numbers last_log_sequence counts. Absent for an embedded server's snapshot.
     public var fleetEpoch: String? = nil
+    /// Fleet mode: when the change log row last_log_sequence was committed (Unix
+    /// milliseconds), to tell it from a row a rewritten history put at the same sequence.
+    /// Absent when not known.
+    public var fleetCommittedDate: Int64? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -280,7 +284,8 @@ public struct SnapshotHeader: Sendable, Hashable {
         recordCount: UInt64 = 0,
         catalog: Catalog? = nil,
         lastLogSequence: UInt64 = 0,
-        fleetEpoch: String? = nil
+        fleetEpoch: String? = nil,
+        fleetCommittedDate: Int64? = nil
     ) {
         self.formatVersion = formatVersion
         self.snapshotId = snapshotId
@@ -289,6 +294,7 @@ public struct SnapshotHeader: Sendable, Hashable {
         self.catalog = catalog
         self.lastLogSequence = lastLogSequence
         self.fleetEpoch = fleetEpoch
+        self.fleetCommittedDate = fleetCommittedDate
     }
 }
 
@@ -331,6 +337,7 @@ extension SnapshotHeader: ProtobufCBacked {
         self.catalog = try liftMessage(c.catalog, as: Catalog.self, field: "catalog")
         self.lastLogSequence = c.has_last_log_sequence != 0 ? c.last_log_sequence : 0
         self.fleetEpoch = try liftString(c.fleet_epoch, field: "fleet_epoch")
+        self.fleetCommittedDate = c.has_fleet_committed_date != 0 ? c.fleet_committed_date : nil
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -343,6 +350,7 @@ extension SnapshotHeader: ProtobufCBacked {
         c.pointee.catalog = try arena.lowerMessage(self.catalog, field: "catalog")
         if self.lastLogSequence != 0 { c.pointee.has_last_log_sequence = 1; c.pointee.last_log_sequence = self.lastLogSequence }
         c.pointee.fleet_epoch = try arena.lowerString(self.fleetEpoch, field: "fleet_epoch")
+        if let value = self.fleetCommittedDate { c.pointee.has_fleet_committed_date = 1; c.pointee.fleet_committed_date = value }
         return c
     }
 }

@@ -1027,12 +1027,12 @@ static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_respo
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "stale",
+    "stale_for_ms",
     7,
     PROTOBUF_C_LABEL_OPTIONAL,
-    PROTOBUF_C_TYPE_BOOL,
-    offsetof(Entitlements__V1__CheckEntitlementsResponse, has_stale),
-    offsetof(Entitlements__V1__CheckEntitlementsResponse, stale),
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__CheckEntitlementsResponse, has_stale_for_ms),
+    offsetof(Entitlements__V1__CheckEntitlementsResponse, stale_for_ms),
     NULL,
     NULL,
     0,             /* flags */
@@ -1044,7 +1044,7 @@ static const unsigned entitlements__v1__check_entitlements_response__field_indic
   4,   /* field[4] = entitlements */
   5,   /* field[5] = log_sequence */
   2,   /* field[2] = request_date */
-  6,   /* field[6] = stale */
+  6,   /* field[6] = stale_for_ms */
   0,   /* field[0] = user_id */
   3,   /* field[3] = valid_until */
 };

@@ -572,7 +572,7 @@ const ProtobufCMessageDescriptor entitlements__v1__customer_record__descriptor =
   (ProtobufCMessageInit) entitlements__v1__customer_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__snapshot_header__field_descriptors[7] =
+static const ProtobufCFieldDescriptor entitlements__v1__snapshot_header__field_descriptors[8] =
 {
   {
     "format_version",
@@ -658,10 +658,23 @@ static const ProtobufCFieldDescriptor entitlements__v1__snapshot_header__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "fleet_committed_date",
+    8,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__SnapshotHeader, has_fleet_committed_date),
+    offsetof(Entitlements__V1__SnapshotHeader, fleet_committed_date),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__snapshot_header__field_indices_by_name[] = {
   4,   /* field[4] = catalog */
   2,   /* field[2] = created_date */
+  7,   /* field[7] = fleet_committed_date */
   6,   /* field[6] = fleet_epoch */
   0,   /* field[0] = format_version */
   5,   /* field[5] = last_log_sequence */
@@ -671,7 +684,7 @@ static const unsigned entitlements__v1__snapshot_header__field_indices_by_name[]
 static const ProtobufCIntRange entitlements__v1__snapshot_header__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__snapshot_header__descriptor =
 {
@@ -681,7 +694,7 @@ const ProtobufCMessageDescriptor entitlements__v1__snapshot_header__descriptor =
   "Entitlements__V1__SnapshotHeader",
   "entitlements.v1",
   sizeof(Entitlements__V1__SnapshotHeader),
-  7,
+  8,
   entitlements__v1__snapshot_header__field_descriptors,
   entitlements__v1__snapshot_header__field_indices_by_name,
   1,  entitlements__v1__snapshot_header__number_ranges,

@@ -147,13 +147,13 @@ struct  Entitlements__V1__CheckEntitlementsResponse
   protobuf_c_boolean has_log_sequence;
   uint64_t log_sequence;
   /*
-   * Fleet mode only: true when this server has not heard from PostgreSQL for longer
-   * than its --max-staleness and answers anyway (--stale-policy open): the answer is
-   * what the server applied, and writes made elsewhere since may be missing. Absent
-   * (false) otherwise (docs/fleet.md, "Staleness").
+   * Fleet mode only: present (not 0) when this server has not heard from PostgreSQL for
+   * longer than its --max-staleness and answers anyway (--stale-policy open): how long,
+   * in milliseconds. The answer is what the server applied; writes made elsewhere since
+   * may be missing. Absent otherwise (docs/fleet.md, "Staleness").
    */
-  protobuf_c_boolean has_stale;
-  protobuf_c_boolean stale;
+  protobuf_c_boolean has_stale_for_ms;
+  uint64_t stale_for_ms;
 };
 #define ENTITLEMENTS__V1__CHECK_ENTITLEMENTS_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__check_entitlements_response__descriptor) \

@@ -141,10 +141,17 @@ struct  Entitlements__V1__SnapshotHeader
    * numbers last_log_sequence counts. Absent for an embedded server's snapshot.
    */
   char *fleet_epoch;
+  /*
+   * Fleet mode: when the change log row last_log_sequence was committed (Unix
+   * milliseconds), to tell it from a row a rewritten history put at the same sequence.
+   * Absent when not known.
+   */
+  protobuf_c_boolean has_fleet_committed_date;
+  int64_t fleet_committed_date;
 };
 #define ENTITLEMENTS__V1__SNAPSHOT_HEADER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__snapshot_header__descriptor) \
-    , 0, 0, NULL, 0, 0, 0, 0, NULL, 0, 0, NULL }
+    , 0, 0, NULL, 0, 0, 0, 0, NULL, 0, 0, NULL, 0, 0 }
 
 
 typedef enum {

@@ -77,7 +77,7 @@ public final class FleetReplica: Sendable {
             // Before any listener opens: no write may reach the local log directly, whose
             // sequence numbers are the change log's.
             store.forwardWrites(
-                to: FleetWriter(database: database, catalog: store.catalog) { tailer.poke(upTo: $0) },
+                to: FleetWriter(database: database, catalog: store.catalog) { tailer.poke(upTo: $0, announced: true) },
                 applyWait: configuration.writeWait,
                 catchUp: { tailer.poke(upTo: $0) }
             )

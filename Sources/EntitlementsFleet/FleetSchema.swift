@@ -126,9 +126,9 @@ public enum FleetSchema {
             // customer (without ON CONFLICT: one created meanwhile by another transaction
             // fails the group with 23505, and the writer runs it again), 2 update one, 3
             // delete one (its aliases and rows go with it), 4 remove an alias, 5 link an
-            // alias to p_owners[i]. An inserted or updated customer's rows in a domain
-            // table are replaced as a whole, unless the writer passed JSON null for that
-            // table (its rows did not change).
+            // alias to p_owners[i]. For an inserted or updated customer, each domain table's
+            // value says what changes (FleetWriter's DomainRows): JSON null nothing,
+            // {"replace": rows} every row, {"upsert": rows, "remove": keys} only those.
             """
             CREATE FUNCTION entitlements_apply_changes(
                 p_kinds smallint[], p_ids text[], p_records bytea[], p_owners text[],
@@ -152,34 +152,63 @@ public enum FleetSchema {
                     END CASE;
                     CONTINUE WHEN p_kinds[i] NOT IN (1, 2);
                     IF p_transactions[i] <> 'null' THEN
-                        DELETE FROM transactions WHERE customer_id = p_ids[i];
+                        IF p_transactions[i] ? 'replace' THEN
+                            DELETE FROM transactions WHERE customer_id = p_ids[i];
+                        ELSE
+                            DELETE FROM transactions t
+                            USING jsonb_to_recordset(p_transactions[i] -> 'remove') AS k(store smallint, transaction_id text)
+                            WHERE t.customer_id = p_ids[i] AND t.store = k.store AND t.transaction_id = k.transaction_id;
+                        END IF;
                         INSERT INTO transactions (customer_id, store, transaction_id, original_transaction_id, product_id,
                             type, environment, transaction_date, expiration_date, revocation_date)
                         SELECT p_ids[i], j.store, j.transaction_id, j.original_transaction_id, j.product_id,
                             j.type, j.environment, j.transaction_date, j.expiration_date, j.revocation_date
-                        FROM jsonb_to_recordset(p_transactions[i]) AS j(store smallint, transaction_id text,
-                            original_transaction_id text, product_id text, type smallint, environment smallint,
-                            transaction_date bigint, expiration_date bigint, revocation_date bigint)
-                        ON CONFLICT DO NOTHING;
+                        FROM jsonb_to_recordset(coalesce(p_transactions[i] -> 'replace', p_transactions[i] -> 'upsert'))
+                            AS j(store smallint, transaction_id text, original_transaction_id text, product_id text,
+                                type smallint, environment smallint, transaction_date bigint, expiration_date bigint,
+                                revocation_date bigint)
+                        ON CONFLICT (customer_id, store, transaction_id) DO UPDATE SET
+                            original_transaction_id = EXCLUDED.original_transaction_id, product_id = EXCLUDED.product_id,
+                            type = EXCLUDED.type, environment = EXCLUDED.environment,
+                            transaction_date = EXCLUDED.transaction_date, expiration_date = EXCLUDED.expiration_date,
+                            revocation_date = EXCLUDED.revocation_date;
                     END IF;
                     IF p_subscription_states[i] <> 'null' THEN
-                        DELETE FROM subscription_states WHERE customer_id = p_ids[i];
+                        IF p_subscription_states[i] ? 'replace' THEN
+                            DELETE FROM subscription_states WHERE customer_id = p_ids[i];
+                        ELSE
+                            DELETE FROM subscription_states s
+                            USING jsonb_to_recordset(p_subscription_states[i] -> 'remove') AS k(store smallint, original_transaction_id text)
+                            WHERE s.customer_id = p_ids[i] AND s.store = k.store AND s.original_transaction_id = k.original_transaction_id;
+                        END IF;
                         INSERT INTO subscription_states (customer_id, store, original_transaction_id, auto_renew_enabled,
                             billing_issue_detected_date, grace_period_expiration_date, is_in_billing_retry)
                         SELECT p_ids[i], j.store, j.original_transaction_id, j.auto_renew_enabled,
                             j.billing_issue_detected_date, j.grace_period_expiration_date, j.is_in_billing_retry
-                        FROM jsonb_to_recordset(p_subscription_states[i]) AS j(store smallint,
-                            original_transaction_id text, auto_renew_enabled boolean, billing_issue_detected_date bigint,
-                            grace_period_expiration_date bigint, is_in_billing_retry boolean)
-                        ON CONFLICT DO NOTHING;
+                        FROM jsonb_to_recordset(coalesce(p_subscription_states[i] -> 'replace', p_subscription_states[i] -> 'upsert'))
+                            AS j(store smallint, original_transaction_id text, auto_renew_enabled boolean,
+                                billing_issue_detected_date bigint, grace_period_expiration_date bigint, is_in_billing_retry boolean)
+                        ON CONFLICT (customer_id, store, original_transaction_id) DO UPDATE SET
+                            auto_renew_enabled = EXCLUDED.auto_renew_enabled,
+                            billing_issue_detected_date = EXCLUDED.billing_issue_detected_date,
+                            grace_period_expiration_date = EXCLUDED.grace_period_expiration_date,
+                            is_in_billing_retry = EXCLUDED.is_in_billing_retry;
                     END IF;
                     IF p_grants[i] <> 'null' THEN
-                        DELETE FROM grants WHERE customer_id = p_ids[i];
+                        IF p_grants[i] ? 'replace' THEN
+                            DELETE FROM grants WHERE customer_id = p_ids[i];
+                        ELSE
+                            DELETE FROM grants g
+                            USING jsonb_to_recordset(p_grants[i] -> 'remove') AS k(grant_id text)
+                            WHERE g.customer_id = p_ids[i] AND g.grant_id = k.grant_id;
+                        END IF;
                         INSERT INTO grants (customer_id, grant_id, entitlement_id, granted_date, expiration_date, revoked_date)
                         SELECT p_ids[i], j.grant_id, j.entitlement_id, j.granted_date, j.expiration_date, j.revoked_date
-                        FROM jsonb_to_recordset(p_grants[i]) AS j(grant_id text, entitlement_id text,
-                            granted_date bigint, expiration_date bigint, revoked_date bigint)
-                        ON CONFLICT DO NOTHING;
+                        FROM jsonb_to_recordset(coalesce(p_grants[i] -> 'replace', p_grants[i] -> 'upsert'))
+                            AS j(grant_id text, entitlement_id text, granted_date bigint, expiration_date bigint, revoked_date bigint)
+                        ON CONFLICT (customer_id, grant_id) DO UPDATE SET
+                            entitlement_id = EXCLUDED.entitlement_id, granted_date = EXCLUDED.granted_date,
+                            expiration_date = EXCLUDED.expiration_date, revoked_date = EXCLUDED.revoked_date;
                     END IF;
                 END LOOP;
             END

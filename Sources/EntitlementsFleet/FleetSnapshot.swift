@@ -239,14 +239,31 @@ public enum FleetSnapshot {
             }
             if let why {
                 // Defined behaviour for a file from another epoch: not used, said why.
-                let report = try await Self.export(source, to: snapshotPath, now: now)
+                let report = try await Self.export(source, orElse: database, to: snapshotPath, now: now)
                 return ("fleet: \(reason); --snapshot \(seed) is not used (\(why)); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)", nil)
             }
             // CustomerStore.open copies it in (in chunks, fsynced, renamed into place).
             return ("fleet: \(reason); seeded from \(seed) at sequence \(file.header.lastLogSequence)", seed)
         }
-        let report = try await Self.export(source, to: snapshotPath, now: now)
+        let report = try await Self.export(source, orElse: database, to: snapshotPath, now: now)
         return ("fleet: \(reason); exported \(report.customers) customers from PostgreSQL at sequence \(report.sequence)", nil)
+    }
+
+    /// Exports from `source` (a read replica, or the primary); if a replica fails (e.g. a
+    /// hot standby cancelled the long transaction on a recovery conflict), from `primary`.
+    private static func export(_ source: FleetDatabase, orElse primary: FleetDatabase, to path: String, now: Int64) async throws -> ExportReport {
+        guard source !== primary else {
+            return try await Self.export(primary, to: path, now: now)
+        }
+        do {
+            return try await Self.export(source, to: path, now: now)
+        } catch {
+            primary.logger.warning(
+                "fleet: the export from the read replica failed; exporting from the primary instead",
+                metadata: ["fleet.error": "\(error)"]
+            )
+            return try await Self.export(primary, to: path, now: now)
+        }
     }
 
     /// Moves a data directory's snapshot and log into `DIR/replaced-<time>/` (never

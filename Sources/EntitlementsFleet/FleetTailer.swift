@@ -36,6 +36,14 @@ public final class FleetTailer: Sendable {
         public var headSequence: UInt64 = 0
         /// When the last poll succeeded (Unix milliseconds); nil before the first.
         public var lastSuccessfulPoll: Int64?
+        /// When this server was last known current (Unix milliseconds): a poll found
+        /// nothing left to apply up to the change log's head and every sequence the primary
+        /// announced; at start-up, when the data directory was opened against the
+        /// database. What --max-staleness measures.
+        public var lastCurrent: Int64
+        /// The highest sequence the primary announced (a NOTIFY, a write through this
+        /// server): a read replica short of it is behind, whatever its own head says.
+        public var announced: UInt64 = 0
         /// Why the last poll failed, if it did.
         public var lastError: String?
         /// Polls that failed in a row.
@@ -69,20 +77,26 @@ public final class FleetTailer: Sendable {
         self.store = store
         self.configuration = configuration
         self.logger = logger
-        self.state = Mutex(Status(appliedSequence: store.committedSequence))
         // The store was just opened against the database (FleetSnapshot.openStore).
-        store.confirmUpstreamContact(at: WallClock.unixMilliseconds())
+        let opened = WallClock.unixMilliseconds()
+        self.state = Mutex(Status(appliedSequence: store.committedSequence, lastCurrent: opened))
+        store.confirmUpstreamContact(at: opened)
     }
 
     public var status: Status { self.state.withLock { $0 } }
 
     /// Polls now (a write through this server committed, or a NOTIFY came, or a read
-    /// waits for `sequence`); while short of `sequence`, polls again soon.
-    public func poke(upTo sequence: UInt64 = 0) {
+    /// waits for `sequence`); while short of `sequence`, polls again soon. `announced`: the
+    /// primary holds `sequence` (a commit or a NOTIFY, not a client's wish), so this server
+    /// is not current until it has applied it.
+    public func poke(upTo sequence: UInt64 = 0, announced: Bool = false) {
         if sequence > 0 {
             self.state.withLock { status in
                 status.wanted = max(status.wanted, sequence)
                 status.wantedUntil = .now + Self.hurryFor
+                if announced {
+                    status.announced = max(status.announced, sequence)
+                }
             }
         }
         self.wakeup.signal()
@@ -205,8 +219,27 @@ public final class FleetTailer: Sendable {
                     "the change log's rows after \(cursor) start at \(first.sequence): rows \(cursor + 1) to \(first.sequence - 1) were pruned while this server was behind"
                 )
             }
-            if batch.rows.isEmpty, batch.head > cursor {
+            if batch.rows.isEmpty, batch.head > cursor, !self.readsFromReplica {
+                // The newest row is never pruned, so on one database this is a prune past
+                // the cursor. Through a pooler in front of several replicas the head and the
+                // rows may come from two replicas: lag, polled again.
                 throw FleetError(.rebootstrap, "the change log's head is \(batch.head) but it holds no row after \(cursor): pruned while this server was behind")
+            }
+            // Current once these rows are applied: nothing left up to the head, nor up to
+            // what the primary announced (a read replica may be behind it). Said before the
+            // rows become visible, so that a read that waited for them is not answered as
+            // stale; if applying fails, tailing stops and the server with it.
+            let reached = batch.rows.last?.sequence ?? cursor
+            let current = self.state.withLock { status in
+                let current = reached >= batch.head && reached >= status.announced
+                if current {
+                    status.lastCurrent = asked
+                }
+                return current
+            }
+            if current {
+                // What --max-staleness measures (docs/fleet.md, "Staleness").
+                self.store.confirmUpstreamContact(at: asked)
             }
             do {
                 try await self.store.applyReplicated(batch.rows)
@@ -224,8 +257,6 @@ public final class FleetTailer: Sendable {
                 defer { status.failuresInARow = 0 }
                 return status.failuresInARow > 0
             }
-            // What --max-staleness measures (docs/fleet.md, "Staleness").
-            self.store.confirmUpstreamContact(at: asked)
             if recovered {
                 self.logger.notice("fleet: polling the change log works again", metadata: ["fleet.applied": "\(applied)"])
             }
@@ -285,8 +316,8 @@ public final class FleetTailer: Sendable {
                     try await connection.listen(on: FleetWriter.notifyChannel) { notifications in
                         // Whatever was committed before LISTEN took effect is found by polling.
                         self.poke()
-                        for try await _ in notifications {
-                            self.poke()
+                        for try await notification in notifications {
+                            self.poke(upTo: UInt64(notification.payload) ?? 0, announced: true)
                         }
                     }
                 } catch {

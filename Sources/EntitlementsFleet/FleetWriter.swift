@@ -124,10 +124,11 @@ public final class FleetWriter: WriteUpstream {
                     attempt += 1
                     continue
                 }
-                if group.count > 1, state != nil {
-                    // PostgreSQL refused a statement (the transaction rolled back, the
-                    // connection is fine): run each write alone, so that only the write
-                    // at fault fails.
+                if group.count > 1, let state, state.hasPrefix("22") || state.hasPrefix("23") {
+                    // PostgreSQL refused a value or a constraint (the transaction rolled
+                    // back, the connection is fine): run each write alone, so that only
+                    // the write at fault fails. Other refusals (a cancelled statement, a
+                    // full disk) are no one write's fault: the group fails as one.
                     var results: [Result<CustomerStore.UpstreamWrite, any Error>] = []
                     for pending in group {
                         results += await self.commit([pending])
@@ -197,7 +198,13 @@ public final class FleetWriter: WriteUpstream {
                         )
                         continue
                     }
-                    try changes.add(effect, reads: &reads)
+                    // Staged on copies: a write whose records cannot be encoded fails alone
+                    // and leaves nothing of itself behind to be flushed.
+                    var staged = changes
+                    var stagedReads = reads
+                    try staged.add(effect, reads: &stagedReads)
+                    changes = staged
+                    reads = stagedReads
                     reads.apply(effect)
                     for customerId in effect.records.keys {
                         lastEffect[customerId] = effects.count
@@ -352,12 +359,13 @@ public final class FleetWriter: WriteUpstream {
         /// - Parameter previous: what the tables hold for the customer now: only the
         ///   domain tables whose rows differ are rewritten.
         mutating func append(_ kind: Kind, _ id: String, record: CustomerRecord? = nil, previous: DomainRows.Previous = .none, owner: String? = nil) throws {
+            // Encoded before anything is appended: the arrays stay aligned if it throws.
+            var bytes = ByteBuffer()
+            try record?.serialize(into: &bytes)
             self.kinds.append(kind.rawValue)
             self.ids.append(id)
             self.owners.append(owner ?? "")
             if let record {
-                var bytes = ByteBuffer()
-                try record.serialize(into: &bytes)
                 let rows = DomainRows(record, previous: previous)
                 self.records.append(bytes)
                 self.transactions.append(rows.transactions)
@@ -469,10 +477,13 @@ public final class FleetWriter: WriteUpstream {
     }
 }
 
-/// A customer record as rows of the domain tables, in the JSON `jsonb_to_recordset` reads
-/// (one statement per table, whatever the count); an absent value is null. A table whose
-/// rows are the same as the tables hold now (`previous`) is JSON `null`: its rows are left
-/// as they are.
+/// A customer record as changes to the domain tables' rows, in the JSON
+/// `entitlements_apply_changes` reads, one value per table: JSON `null` when the table's
+/// rows for the customer do not change; `{"upsert": [rows], "remove": [keys]}` for the rows
+/// that are new or changed and the keys of those gone, when what the table holds now
+/// (`previous`) is known; `{"replace": [rows]}` (every row, the old ones deleted) when it
+/// is not. A customer with a year of monthly renewals gets one row written per renewal,
+/// not twelve. Rows with the same key are one row (the last).
 struct DomainRows {
     var transactions: String
     var subscriptionStates: String
@@ -487,18 +498,25 @@ struct DomainRows {
         case unknown
     }
 
+    /// A row's primary key within its customer.
+    private struct Key: Hashable {
+        var store: Int64
+        var id: String?
+    }
+
     init(_ record: CustomerRecord, previous: Previous) {
-        func rows(_ objects: [[(String, JSONValue)]]) -> String {
-            JSONValue.array(objects.map { .object($0) }).serialized(pretty: false)
-        }
         func int(_ value: Int64?) -> JSONValue { value.map { .int($0) } ?? .null }
-        let unchanged = "null"
-        let previous: CustomerRecord? = switch previous {
+        let before: CustomerRecord? = switch previous {
         case .none: CustomerRecord()
         case .record(let record): record
         case .unknown: nil
         }
-        self.transactions = record.transactions == previous?.transactions ? unchanged : rows(record.transactions.map { transaction in
+        self.transactions = Self.change(
+            record.transactions,
+            previous: before?.transactions,
+            key: { Key(store: Int64($0.store.rawValue), id: $0.transactionId) },
+            keyColumns: { [("store", .int($0.store)), ("transaction_id", .string($0.id))] }
+        ) { transaction in
             [
                 ("store", .int(Int64(transaction.store.rawValue))),
                 ("transaction_id", .string(transaction.transactionId)),
@@ -510,8 +528,13 @@ struct DomainRows {
                 ("expiration_date", int(transaction.expirationDate)),
                 ("revocation_date", int(transaction.revocationDate)),
             ]
-        })
-        self.subscriptionStates = record.subscriptions == previous?.subscriptions ? unchanged : rows(record.subscriptions.map { state in
+        }
+        self.subscriptionStates = Self.change(
+            record.subscriptions,
+            previous: before?.subscriptions,
+            key: { Key(store: Int64($0.store.rawValue), id: $0.originalTransactionId) },
+            keyColumns: { [("store", .int($0.store)), ("original_transaction_id", .string($0.id))] }
+        ) { state in
             [
                 ("store", .int(Int64(state.store.rawValue))),
                 ("original_transaction_id", .string(state.originalTransactionId)),
@@ -520,8 +543,13 @@ struct DomainRows {
                 ("grace_period_expiration_date", int(state.gracePeriodExpirationDate)),
                 ("is_in_billing_retry", .bool(state.isInBillingRetry)),
             ]
-        })
-        self.grants = record.grants == previous?.grants ? unchanged : rows(record.grants.map { grant in
+        }
+        self.grants = Self.change(
+            record.grants,
+            previous: before?.grants,
+            key: { Key(store: 0, id: $0.grantId) },
+            keyColumns: { [("grant_id", .string($0.id))] }
+        ) { grant in
             [
                 ("grant_id", .string(grant.grantId)),
                 ("entitlement_id", .string(grant.entitlementId)),
@@ -529,6 +557,38 @@ struct DomainRows {
                 ("expiration_date", int(grant.expirationDate)),
                 ("revoked_date", int(grant.revokedDate)),
             ]
-        })
+        }
+    }
+
+    /// One table's change (see the type's comment).
+    private static func change<Row: Hashable>(
+        _ rows: [Row],
+        previous: [Row]?,
+        key: (Row) -> Key,
+        keyColumns: (Key) -> [(String, JSONValue)],
+        columns: (Row) -> [(String, JSONValue)]
+    ) -> String {
+        var current: [Key: Row] = [:]
+        var order: [Key] = []
+        for row in rows {
+            let rowKey = key(row)
+            if current.updateValue(row, forKey: rowKey) == nil {
+                order.append(rowKey)
+            }
+        }
+        guard let previous else {
+            let all = order.map { JSONValue.object(columns(current[$0]!)) }
+            return JSONValue.object([("replace", .array(all))]).serialized(pretty: false)
+        }
+        var before: [Key: Row] = [:]
+        for row in previous {
+            before[key(row)] = row
+        }
+        let upsert = order.filter { before[$0] != current[$0] }.map { JSONValue.object(columns(current[$0]!)) }
+        let removed = before.keys.filter { current[$0] == nil }.map { JSONValue.object(keyColumns($0)) }
+        guard !upsert.isEmpty || !removed.isEmpty else {
+            return "null"
+        }
+        return JSONValue.object([("upsert", .array(upsert)), ("remove", .array(removed))]).serialized(pretty: false)
     }
 }

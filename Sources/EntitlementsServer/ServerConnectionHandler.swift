@@ -400,6 +400,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                     )
                     return
                 }
+                if case .refused(let message) = handler.freshness() {
+                    handler.fail(requestID, .unavailable, message)  // went stale while it waited
+                    return
+                }
                 run.value(handler)
             }
         }

@@ -196,8 +196,9 @@ public final class CustomerStore: Sendable {
     /// plain atomic: every check of a server with a staleness bound reads it.
     private let upstreamContact = Atomic<Int64>(0)
 
-    /// The upstream confirmed, at `instant`, that this store is current (its tailer caught
-    /// up to the head of the change log).
+    /// The upstream confirmed, at `instant`, that this store is current (its tailer found
+    /// nothing left to apply up to the head of the change log and every sequence the
+    /// primary announced).
     public func confirmUpstreamContact(at instant: Int64) {
         self.upstreamContact.store(instant, ordering: .relaxed)
     }

@@ -391,10 +391,10 @@ final class RunningServer: Sendable {
 
     /// Whether a fleet server is past --max-staleness (measured as checks measure it).
     func isStale(_ status: FleetTailer.Status) -> Bool {
-        guard let bound = self.maximumStaleness, let contact = status.lastSuccessfulPoll else {
+        guard let bound = self.maximumStaleness else {
             return false
         }
-        return WallClock.unixMilliseconds() - contact > bound.nanoseconds / 1_000_000
+        return WallClock.unixMilliseconds() - status.lastCurrent > bound.nanoseconds / 1_000_000
     }
 
     /// /readyz: the lifecycle's answer, and in fleet mode how current this server is. A

@@ -273,7 +273,7 @@ struct ServeSettings {
             minimumSequenceWait: try self.duration("min-sequence-wait"),
             // Only a fleet server has an upstream to be stale against.
             maximumStaleness: self.text("postgres") == nil ? nil : try self.duration("max-staleness"),
-            stalePolicy: try self.stalePolicy()
+            stalePolicy: self.text("postgres") == nil ? .open : try self.stalePolicy()
         )
     }
 

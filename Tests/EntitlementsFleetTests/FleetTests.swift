@@ -320,6 +320,8 @@ struct FleetTests {
                 ("delete new-1", .deleteCustomer(DeleteCustomerRequest(userId: "new-1"))),
                 ("grant new-1", FleetWorld.grant("anon-new-1", "n1-again")),
                 ("link to new-1", .linkAlias(LinkAliasRequest(userId: "new-1", alias: "anon-new-1"))),
+                // Changes one row of alice's grants (the others are not rewritten).
+                ("revoke g0", .revokeGrant(RevokeGrantRequest(userId: "alice", grantId: "g0"))),
             ]
             answers = await Self.writeAtOnce(writes, through: a, now: world.now)
             let last = UInt64(try world.postgres.sql("SELECT seq FROM change_head"))!
@@ -330,11 +332,15 @@ struct FleetTests {
             for customer in ["alice", "bob", "new-1", "anon-new-1", "new-2"] {
                 let record = try a.store.customer(for: customer)
                 let owned = record?.id == customer
-                let table = try world.postgres.sql("SELECT string_agg(grant_id, ',' ORDER BY grant_id) FROM grants WHERE customer_id = '\(customer)'")
-                #expect(table == (owned ? (record?.grants.compactMap(\.grantId).sorted().joined(separator: ",") ?? "") : ""), "\(customer)")
-                let aliases = try world.postgres.sql("SELECT string_agg(alias, ',' ORDER BY alias) FROM aliases WHERE customer_id = '\(customer)'")
+                let table = try world.postgres.sql(
+                    "SELECT string_agg(grant_id || ':' || (revoked_date IS NOT NULL), ',' ORDER BY grant_id COLLATE \"C\") FROM grants WHERE customer_id = '\(customer)'"
+                )
+                let grants = (record?.grants ?? []).sorted { ($0.grantId ?? "") < ($1.grantId ?? "") }.map { "\($0.grantId ?? ""):\($0.revokedDate != nil)" }
+                #expect(table == (owned ? grants.joined(separator: ",") : ""), "\(customer)")
+                let aliases = try world.postgres.sql("SELECT string_agg(alias, ',' ORDER BY alias COLLATE \"C\") FROM aliases WHERE customer_id = '\(customer)'")
                 #expect(aliases == (owned ? (record?.aliases.sorted().joined(separator: ",") ?? "") : ""), "\(customer)")
             }
+            #expect(try world.postgres.sql("SELECT revoked_date IS NOT NULL FROM grants WHERE customer_id = 'alice' AND grant_id = 'g0'") == "t")
             // The export checks that every key has one owner.
             _ = try await FleetSnapshot.export(a.database, to: world.scratch + "/group.snap", now: world.now)
         }
@@ -854,7 +860,11 @@ struct FleetServerTests {
         let standby = try PostgresServer(replicaOf: world.postgres)
         let a = try await Node(try await world.replica("a"), now: world.now)
         // Polls every 30 s unless a write or a read asks for a sequence: then soon.
-        let b = try await Node(try await world.replica("b", poll: .seconds(30), reads: standby.databaseURL), now: world.now)
+        let b = try await Node(
+            try await world.replica("b", poll: .seconds(30), reads: standby.databaseURL),
+            now: world.now,
+            maximumStaleness: .milliseconds(600)
+        )
         #expect(b.replica.startup.contains("exported"), "\(b.replica.startup)")
         try await tailing([a.replica, b.replica]) {
             let first: WriteResponse = try await a.client.call(.grantEntitlement, GrantEntitlementRequest(userId: "bob", grant: Grant(grantId: "g1", entitlementId: "premium")))
@@ -881,6 +891,21 @@ struct FleetServerTests {
             }
             #expect(caughtUp)
             #expect(try b.replica.store.grantIds("alice") == ["g2", "g3"])
+
+            // The replica answers but stops replaying: B's polls succeed, yet the primary
+            // announced (NOTIFY) a sequence B cannot get, so past --max-staleness B is stale.
+            try standby.sql("SELECT pg_wal_replay_pause()")
+            let fourth: WriteResponse = try await a.client.call(.grantEntitlement, GrantEntitlementRequest(userId: "bob", grant: Grant(grantId: "g4", entitlementId: "premium")))
+            #expect(fourth.logSequence == 4)
+            var stale: UInt64 = 0
+            for _ in 0..<100 where stale == 0 {
+                try await Task.sleep(for: .milliseconds(50))
+                stale = try await b.client.checkEntitlements(CheckEntitlementsRequest(userId: "bob")).staleForMs
+            }
+            #expect(stale > 600 && b.replica.tailer.status.failuresInARow == 0)
+            try standby.sql("SELECT pg_wal_replay_resume()")
+            let fresh = try await b.client.checkEntitlements(CheckEntitlementsRequest(userId: "bob", minLogSequence: 4))
+            #expect(fresh.staleForMs == 0 && fresh.entitlements.first { $0.id == "premium" }?.isActive == true)
         }
         try await a.stop()
         try await b.stop()

@@ -69,9 +69,22 @@ for mode in listen poll; do
   A=$PORT_OUT
   start_serve "$WORK/b-$mode.log" taskset -c 0 $ENT serve --postgres "$URL" --data-dir "$WORK/b-$mode" --snapshot "$WORK/fleet.snap" --fleet-listen $listen
   B=$PORT_OUT
+  # Both start from the export, behind what the previous mode wrote: measure only once
+  # each has caught up with the change log's head.
+  HEAD=$(PGPASSWORD=bench psql -h 127.0.0.1 -p $PGPORT -U postgres -tAc "SELECT seq FROM change_head")
+  for port in $A $B; do
+    for _ in $(seq 1 600); do
+      $ENT check --server 127.0.0.1:$port --user user-1 --min-seq $HEAD >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+  done
   for round in $(seq 1 $ROUNDS); do
+    # Throughput: 32 callers as fast as they go (the lag then includes the queueing of a
+    # saturated machine); then the lag at a steady 1,000 writes/s, below saturation.
     taskset -c 1 $FLEETLOAD --writer 127.0.0.1:$A --watcher 127.0.0.1:$B --callers 32 --seconds $SECONDS_EACH \
       --customers $CUSTOMERS --label "$mode" | tee -a "$OUT/fleet-$mode.jsonl"
+    taskset -c 1 $FLEETLOAD --writer 127.0.0.1:$A --watcher 127.0.0.1:$B --callers 8 --rate 1000 --seconds $SECONDS_EACH \
+      --customers $CUSTOMERS --label "$mode at 1000/s" | tee -a "$OUT/fleet-$mode-paced.jsonl"
   done
   if [ $mode = listen ]; then
     # The check path in fleet mode against an embedded server with the same customers.
@@ -102,6 +115,10 @@ for mode in ("listen", "poll"):
                  f"({runs[0]['callers']} callers), lag A ack -> B watch p50 {median([r['lag_p50_ms'] for r in runs]):.1f} ms, "
                  f"p99 {median([r['lag_p99_ms'] for r in runs]):.1f} ms, max {max(r['lag_max_ms'] for r in runs):.1f} ms; "
                  f"failures {sum(r['failures'] for r in runs)}, writes with no watch event on B (the answer did not change) {sum(r['lag_missing'] for r in runs)}")
+    paced = [json.loads(l) for l in open(os.path.join(out, f"fleet-{mode}-paced.jsonl")) if l.startswith("{")]
+    lines.append(f"- {mode} at a steady 1,000 writes/s ({paced[0]['callers']} callers): {median([r['writes_per_second'] for r in paced]):,.0f} writes/s, "
+                 f"lag p50 {median([r['lag_p50_ms'] for r in paced]):.1f} ms, p99 {median([r['lag_p99_ms'] for r in paced]):.1f} ms, "
+                 f"max {max(r['lag_max_ms'] for r in paced):.1f} ms; failures {sum(r['failures'] for r in paced)}")
 def p2(target):
     values = []
     for path in glob.glob(os.path.join(out, f"p2-{target}-*.json")):
@@ -109,7 +126,15 @@ def p2(target):
         values.append(data["throughput"])
     return median(values)
 fleet, embedded = p2("fleet"), p2("embedded")
-lines.append(f"- checks, 50 connections x 1: fleet server {fleet:,.0f}/s, embedded {embedded:,.0f}/s ({fleet / embedded:.2f}x)")
+def round_ratio(index):
+    paths = [os.path.join(out, f"p2-{target}-{index}.json") for target in ("fleet", "embedded")]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    fleet_round, embedded_round = (json.load(open(p))["throughput"] for p in paths)
+    return fleet_round / embedded_round
+ratios = [r for r in (round_ratio(i) for i in range(1, 10)) if r is not None]
+lines.append(f"- checks, 50 connections x 1: fleet server {fleet:,.0f}/s, embedded {embedded:,.0f}/s ({fleet / embedded:.2f}x; "
+             f"round by round {', '.join(f'{r:.2f}x' for r in ratios)})")
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -12,6 +12,8 @@ struct Options {
     var writer = (host: "127.0.0.1", port: 7500)
     var watcher = (host: "127.0.0.1", port: 7501)
     var callers = 16
+    /// Writes per second in all, spread evenly over the callers; 0: as fast as they go.
+    var rate = 0.0
     var seconds = 5.0
     var customers = 10_000
     var label = "fleet"
@@ -33,6 +35,7 @@ struct Options {
             case "--writer": self.writer = address(value())
             case "--watcher": self.watcher = address(value())
             case "--callers": self.callers = Int(value())!
+            case "--rate": self.rate = Double(value())!
             case "--seconds": self.seconds = Double(value())!
             case "--customers": self.customers = Int(value())!
             case "--label": self.label = value()
@@ -84,8 +87,20 @@ await withTaskGroup(of: Void.self) { tasks in
         tasks.addTask {
             var count = 0
             var random = SystemRandomNumberGenerator()
+            // With --rate, each caller sends on its own schedule (callers / rate seconds
+            // apart, staggered): the lag is then measured below saturation.
+            let interval = options.rate > 0 ? Double(options.callers) / options.rate * 1e9 : 0
+            let offset = interval * Double(caller) / Double(options.callers)
             while now() < deadline {
                 count += 1
+                if interval > 0 {
+                    let due = start + UInt64(offset + interval * Double(count - 1))
+                    let current = now()
+                    if due > current {
+                        try? await Task.sleep(for: .nanoseconds(Int64(due - current)))
+                    }
+                    if now() >= deadline { break }
+                }
                 let request = GrantEntitlementRequest(
                     userId: "user-\(Int.random(in: 0..<options.customers, using: &random))",
                     grant: Grant(grantId: "bench-\(caller)-\(count)", entitlementId: "premium")
@@ -122,6 +137,7 @@ func percentile(_ p: Double) -> Double {
 let summary: [String: Any] = [
     "label": options.label,
     "callers": options.callers,
+    "rate": options.rate,
     "seconds": elapsed,
     "writes": acks.count,
     "writes_per_second": Double(acks.count) / elapsed,

@@ -308,6 +308,9 @@ struct FleetTests {
             #expect(answers["nul"] == .refused(.invalidArgument))
             #expect(answers.values.filter { if case .stored(_, true) = $0 { true } else { false } }.count == 6, "\(answers)")
             #expect(try a.store.grantIds("bob") == ["later-0", "later-1", "later-2", "later-3", "later-4", "later-5", "twice"])
+            // The tables too: the refused write left nothing of itself among the group's changes.
+            let bobRows = try world.postgres.sql("SELECT string_agg(grant_id, ',' ORDER BY grant_id COLLATE \"C\") FROM grants WHERE customer_id = 'bob'")
+            #expect(bobRows == "later-0,later-1,later-2,later-3,later-4,later-5,twice")
 
             // Writes at once that move aliases and delete and re-create customers: whatever
             // order they land in, every server and the tables agree on the outcome.

@@ -36,11 +36,6 @@ public final class FleetTailer: Sendable {
         public var headSequence: UInt64 = 0
         /// When the last poll succeeded (Unix milliseconds); nil before the first.
         public var lastSuccessfulPoll: Int64?
-        /// When this server was last known current (Unix milliseconds): a poll found
-        /// nothing left to apply up to the change log's head and every sequence the primary
-        /// announced; at start-up, when the data directory was opened against the
-        /// database. What --max-staleness measures.
-        public var lastCurrent: Int64
         /// The highest sequence the primary announced (a NOTIFY, a write through this
         /// server): a read replica short of it is behind, whatever its own head says.
         public var announced: UInt64 = 0
@@ -77,10 +72,9 @@ public final class FleetTailer: Sendable {
         self.store = store
         self.configuration = configuration
         self.logger = logger
+        self.state = Mutex(Status(appliedSequence: store.committedSequence))
         // The store was just opened against the database (FleetSnapshot.openStore).
-        let opened = WallClock.unixMilliseconds()
-        self.state = Mutex(Status(appliedSequence: store.committedSequence, lastCurrent: opened))
-        store.confirmUpstreamContact(at: opened)
+        store.confirmUpstreamContact(at: WallClock.unixMilliseconds())
     }
 
     public var status: Status { self.state.withLock { $0 } }
@@ -230,14 +224,7 @@ public final class FleetTailer: Sendable {
             // rows become visible, so that a read that waited for them is not answered as
             // stale; if applying fails, tailing stops and the server with it.
             let reached = batch.rows.last?.sequence ?? cursor
-            let current = self.state.withLock { status in
-                let current = reached >= batch.head && reached >= status.announced
-                if current {
-                    status.lastCurrent = asked
-                }
-                return current
-            }
-            if current {
+            if self.state.withLock({ reached >= batch.head && reached >= $0.announced }) {
                 // What --max-staleness measures (docs/fleet.md, "Staleness").
                 self.store.confirmUpstreamContact(at: asked)
             }

@@ -28,7 +28,6 @@ public final class FleetWriter: WriteUpstream {
     /// Runs after each commit with its sequence (the server's tailer polls at once).
     private let committed: @Sendable (UInt64) -> Void
     private let queue = Mutex(Queue())
-    private let concurrentGroups: Int
 
     /// Transactions lost to a concurrent writer (deadlock, a customer created twice at
     /// once, an alias that moved) are run again, this many times at most.
@@ -36,19 +35,13 @@ public final class FleetWriter: WriteUpstream {
     /// The most writes one transaction commits.
     static let maximumGroup = 64
 
-    /// - Parameter concurrentGroups: how many transactions may run at once; further writes
-    ///   wait and join the next group. One is fastest measured (docs/fleet.md, "Measured"):
-    ///   groups running at once queue on the `change_head` row and on the CPU, and a
-    ///   single group grows to absorb the load.
-    public init(
-        database: FleetDatabase,
-        catalog: ProductCatalog,
-        concurrentGroups: Int = 1,
-        committed: @escaping @Sendable (UInt64) -> Void = { _ in }
-    ) {
+    /// One transaction runs at a time; writes arriving meanwhile wait and join the next
+    /// group. That measured fastest (docs/fleet.md, "Writes"): groups running at once
+    /// queue on the `change_head` row and on the CPU, while a single group grows to absorb
+    /// the load.
+    public init(database: FleetDatabase, catalog: ProductCatalog, committed: @escaping @Sendable (UInt64) -> Void = { _ in }) {
         self.database = database
         self.catalog = catalog
-        self.concurrentGroups = max(1, concurrentGroups)
         self.committed = committed
     }
 
@@ -60,7 +53,8 @@ public final class FleetWriter: WriteUpstream {
 
     private struct Queue: Sendable {
         var waiting: [Pending] = []
-        var running = 0
+        /// Whether a task is committing groups (it takes the waiting writes until none is left).
+        var committing = false
     }
 
     /// A lookup the rules asked for that this transaction has not read yet.
@@ -77,8 +71,8 @@ public final class FleetWriter: WriteUpstream {
         try await withCheckedThrowingContinuation { answer in
             let lead = self.queue.withLock { queue -> Bool in
                 queue.waiting.append(Pending(mutation: mutation, now: now, answer: answer))
-                guard queue.running < self.concurrentGroups else { return false }
-                queue.running += 1
+                guard !queue.committing else { return false }
+                queue.committing = true
                 return true
             }
             if lead {
@@ -94,7 +88,7 @@ public final class FleetWriter: WriteUpstream {
                 let group = Array(queue.waiting.prefix(Self.maximumGroup))
                 queue.waiting.removeFirst(group.count)
                 if group.isEmpty {
-                    queue.running -= 1
+                    queue.committing = false
                 }
                 return group
             }
@@ -174,7 +168,7 @@ public final class FleetWriter: WriteUpstream {
             // Customer id -> the last effect of this group that changed it.
             var lastEffect: [String: Int] = [:]
             // The id each write looks up first, locked and read in one round trip.
-            try await reads.prefetch(
+            try await reads.lockAndRead(
                 group.compactMap { reads.firstLookup(of: $0.mutation, now: $0.now, catalog: catalog) },
                 on: connection,
                 logger: logger
@@ -189,7 +183,7 @@ public final class FleetWriter: WriteUpstream {
                         } catch let need as NeedsLookup {
                             // The tables must hold this group's earlier writes before they are read.
                             try await changes.flush(on: connection, logger: logger)
-                            try await reads.lookUp(need.userId, on: connection, logger: logger)
+                            try await reads.lockAndRead([need.userId], on: connection, logger: logger)
                         }
                     }
                     guard effect.changed else {
@@ -281,9 +275,17 @@ public final class FleetWriter: WriteUpstream {
             self.sequences[customerId] ?? 0
         }
 
-        /// Locks and reads `ids` (sorted, so that groups running at once take their
-        /// first locks in one order) in one round trip.
-        mutating func prefetch(_ ids: [String], on connection: PostgresConnection, logger: Logger) async throws {
+        /// Locks and reads `ids` (customer ids or aliases; sorted, so that groups running at
+        /// once take their locks in one order) in one round trip, each with its row locked
+        /// until the transaction ends.
+        ///
+        /// `entitlements_lock_customer` (schema version 2) locks the id itself first (a
+        /// transaction-scoped advisory lock on its hash), whether or not anything has it
+        /// yet, then reads with a fresh snapshot: two writes that would each create customer
+        /// X, or link alias X, or one of each, run one after the other, and the second sees
+        /// what the first committed. Two writes that lock the same ids in another order
+        /// deadlock, which PostgreSQL detects; the loser is run again.
+        mutating func lockAndRead(_ ids: [String], on connection: PostgresConnection, logger: Logger) async throws {
             let ids = Array(Set(ids)).sorted()
             guard !ids.isEmpty else { return }
             let rows = try await connection.query(
@@ -298,11 +300,6 @@ public final class FleetWriter: WriteUpstream {
             for try await (id, bytes, sequence) in rows.decode((String, ByteBuffer?, Int64?).self) {
                 try self.remember(id, bytes.map { try CustomerRecord(buffer: $0) }, sequence: sequence ?? 0)
             }
-        }
-
-        mutating func lookUp(_ id: String, on connection: PostgresConnection, logger: Logger) async throws {
-            let (record, sequence) = try await FleetWriter.lockedCustomer(id, on: connection, logger: logger)
-            try self.remember(id, record, sequence: sequence)
         }
 
         private mutating func remember(_ id: String, _ record: CustomerRecord?, sequence: Int64) throws {
@@ -413,23 +410,6 @@ public final class FleetWriter: WriteUpstream {
             )
             self = PendingChanges()
         }
-    }
-
-    /// The record `userId` (a customer id or an alias) names, with its row locked until the
-    /// transaction ends, and the sequence of its last change.
-    ///
-    /// `entitlements_lock_customer` (schema version 2) locks the id itself first (a
-    /// transaction-scoped advisory lock on its hash), whether or not anything has it yet,
-    /// then reads with a fresh snapshot: two writes that would each create customer X, or
-    /// link alias X, or one of each, run one after the other, and the second sees what the
-    /// first committed. Two writes that lock the same ids in another order deadlock, which
-    /// PostgreSQL detects; the loser is run again.
-    static func lockedCustomer(_ userId: String, on connection: PostgresConnection, logger: Logger) async throws -> (CustomerRecord?, Int64) {
-        let rows = try await connection.query("SELECT * FROM entitlements_lock_customer(\(userId))", logger: logger)
-        for try await (bytes, sequence) in rows.decode((ByteBuffer, Int64).self) {
-            return (try CustomerRecord(buffer: bytes), sequence)
-        }
-        return (nil, 0)
     }
 
     /// Takes the next sequence numbers, one per effect in order, and appends the effects to

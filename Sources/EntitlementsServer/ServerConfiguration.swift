@@ -1,3 +1,4 @@
+public import EntitlementsStore
 public import EntitlementsWire
 public import NIOCore
 import NIOPosix
@@ -95,5 +96,19 @@ public struct ServerConfiguration: Sendable {
         self.maximumInFlightPerConnection = maximumInFlightPerConnection
         self.maximumBatchSize = maximumBatchSize
         self.version = version
+    }
+}
+
+extension ServerConfiguration {
+    /// Fleet mode: how long since `store` was last current (Unix milliseconds), when that
+    /// is past ``maximumStaleness``; nil when it is not stale, and always for a store that
+    /// is its own source of truth (docs/fleet.md, "Staleness"). Checks, Health, /readyz and
+    /// the stale gauge all ask this.
+    public func staleness(of store: CustomerStore) -> Int64? {
+        guard let bound = self.maximumStaleness, let contact = store.lastUpstreamContact else {
+            return nil
+        }
+        let since = WallClock.unixMilliseconds() - contact
+        return since > bound.nanoseconds / 1_000_000 ? since : nil
     }
 }

@@ -347,18 +347,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// Whether a fleet server has heard from PostgreSQL within --max-staleness
     /// (docs/fleet.md, "Staleness"). An embedded server has no upstream: one atomic load.
     private func freshness() -> Freshness {
-        guard let bound = self.configuration.maximumStaleness, let contact = self.services.store.lastUpstreamContact else {
-            return .current
-        }
-        let since = WallClock.unixMilliseconds() - contact
-        guard since > bound.nanoseconds / 1_000_000 else {
+        guard let since = self.configuration.staleness(of: self.services.store) else {
             return .current
         }
         switch self.configuration.stalePolicy {
         case .open:
             return .stale(milliseconds: UInt64(since))
         case .closed:
-            return .refused(Self.staleMessage(sinceMilliseconds: since, bound: bound))
+            return .refused(Self.staleMessage(sinceMilliseconds: since, bound: self.configuration.maximumStaleness ?? .zero))
         }
     }
 

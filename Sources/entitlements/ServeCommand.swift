@@ -152,7 +152,7 @@ struct ServeCommand: AsyncParsableCommand {
         var factory = PrometheusMetricsFactory(registry: registry)
         factory.defaultDurationHistogramBuckets = ServerMetrics.latencyBuckets
         let metrics = ServerMetrics(factory: factory)
-        let running = RunningServer(maximumStaleness: configuration.maximumStaleness, stalePolicy: configuration.stalePolicy)
+        let running = RunningServer(configuration: configuration)
         let fleetMetrics = FleetMetrics(factory: factory)
 
         // The admin listener comes first, so that probes see "starting" during replay.
@@ -165,8 +165,7 @@ struct ServeCommand: AsyncParsableCommand {
                     endpoints: .init(readiness: { running.describe(readiness.state()) }) {
                         await running.server?.refreshMetrics()
                         if let fleet = running.fleet {
-                            let status = fleet.status
-                            fleetMetrics.refresh(status, stale: running.isStale(status))
+                            fleetMetrics.refresh(fleet.status, stale: running.isStale)
                         }
                         var bytes: [UInt8] = []
                         registry.emit(into: &bytes)
@@ -370,12 +369,10 @@ final class Readiness: Sendable {
 final class RunningServer: Sendable {
     private let current = Mutex<EntitlementsServer?>(nil)
     private let tailer = Mutex<FleetTailer?>(nil)
-    let maximumStaleness: TimeAmount?
-    let stalePolicy: ServerConfiguration.StalePolicy
+    private let configuration: ServerConfiguration
 
-    init(maximumStaleness: TimeAmount?, stalePolicy: ServerConfiguration.StalePolicy) {
-        self.maximumStaleness = maximumStaleness
-        self.stalePolicy = stalePolicy
+    init(configuration: ServerConfiguration) {
+        self.configuration = configuration
     }
 
     var server: EntitlementsServer? { self.current.withLock { $0 } }
@@ -389,12 +386,9 @@ final class RunningServer: Sendable {
         self.tailer.withLock { $0 = fleet }
     }
 
-    /// Whether a fleet server is past --max-staleness (measured as checks measure it).
-    func isStale(_ status: FleetTailer.Status) -> Bool {
-        guard let bound = self.maximumStaleness else {
-            return false
-        }
-        return WallClock.unixMilliseconds() - status.lastCurrent > bound.nanoseconds / 1_000_000
+    /// Whether a fleet server is past --max-staleness (as checks measure it).
+    var isStale: Bool {
+        self.server.map { self.configuration.staleness(of: $0.store) != nil } ?? false
     }
 
     /// /readyz: the lifecycle's answer, and in fleet mode how current this server is. A
@@ -411,10 +405,10 @@ final class RunningServer: Sendable {
         if let error = status.lastError {
             text += "; last poll failed: \(error)"
         }
-        guard self.isStale(status) else {
+        guard self.isStale else {
             return (state.ready, text)
         }
-        switch self.stalePolicy {
+        switch self.configuration.stalePolicy {
         case .open:
             return (state.ready, text + "; stale (past --max-staleness): answers are flagged stale")
         case .closed:

@@ -883,6 +883,11 @@ struct FleetServerTests {
             try standby.stop(mode: "immediate")
             let third: WriteResponse = try await b.client.call(.grantEntitlement, GrantEntitlementRequest(userId: "alice", grant: Grant(grantId: "g3", entitlementId: "premium")))
             #expect(third.logSequence == 3)
+            // A poll on a connection to a replica that just died may take up to the 5 s
+            // bound on one use of a connection to fail.
+            for _ in 0..<200 where b.replica.tailer.status.failuresInARow == 0 {
+                try await Task.sleep(for: .milliseconds(50))
+            }
             #expect(b.replica.tailer.status.failuresInARow > 0 && b.replica.store.appliedSequence == 2)
             #expect(await a.replica.store.waitUntilApplied(3, timeout: .seconds(20)))
             // Back: B catches up on the next read that asks for it.

@@ -27,7 +27,7 @@ done
 python3 -c 'import google.protobuf' 2>/dev/null \
   || { echo "generate.sh: python3 lacks the protobuf package; run 'make deps'" >&2; exit 1; }
 
-protos=(proto/entitlements/v1/types.proto proto/entitlements/v1/service.proto proto/entitlements/v1/storage.proto)
+protos=(proto/entitlements/v1/types.proto proto/entitlements/v1/service.proto proto/entitlements/v1/storage.proto proto/grpc/health/v1/health.proto)
 c_target=Sources/CEntitlementsProto
 swift_dir=Sources/EntitlementsMessages/Generated
 

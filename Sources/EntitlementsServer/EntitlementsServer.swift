@@ -211,6 +211,7 @@ public final class EntitlementsServer: Sendable {
             report: report
         )
         store.onCommit { write, done in services.afterCommit(write, done: done) }
+        let methods = EntitlementMethods(services: services, configuration: configuration)
         // A quiescing helper per listener: one helper keeps the connections of the first
         // listener it was given only, so with one for both the Unix socket's connections
         // were never drained.
@@ -242,9 +243,7 @@ public final class EntitlementsServer: Sendable {
                             services.metrics.connections.decrement()
                             services.channels.withLock { $0[id] = nil }
                         }
-                        try channel.pipeline.syncOperations.addHandler(
-                            ServerConnectionHandler(services: services, configuration: configuration)
-                        )
+                        try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods))
                     }
                 }
         }

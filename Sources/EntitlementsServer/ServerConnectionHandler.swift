@@ -20,10 +20,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    private let services: ServerServices
-    private var pool: ResolverPool { self.services.pool }
-    private let configuration: ServerConfiguration
-    private var health: ServerHealth { self.services.health }
+    /// The methods this transport carries (the service layer).
+    private let methods: EntitlementMethods
+    private var services: ServerServices { self.methods.services }
+    private var configuration: ServerConfiguration { self.methods.configuration }
     /// Frames are decoded here, not by a ByteToMessageHandler before this handler: no
     /// pipeline hop and no NIOAny box per frame.
     private let frames: NIOSingleStepByteToMessageProcessor<FrameDecoder>
@@ -60,7 +60,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var metrics: ServerMetrics { self.services.metrics }
     /// Open WatchEntitlements streams by request id (not in `pending`: they never end on
     /// their own).
-    private var watches: [UInt64: Watch] = [:]
+    private var watches: [UInt64: WatchStream] = [:]
     private var lastRequestID: UInt64 = 0
     private var draining = false
     /// Tells resolvers on other loops when this connection has closed.
@@ -76,10 +76,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var outgoing = ByteBuffer()
     private var context: ChannelHandlerContext!
 
-    init(services: ServerServices, configuration: ServerConfiguration) {
-        self.services = services
-        self.configuration = configuration
-        self.frames = NIOSingleStepByteToMessageProcessor(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize))
+    init(methods: EntitlementMethods) {
+        self.methods = methods
+        self.frames = NIOSingleStepByteToMessageProcessor(FrameDecoder(maximumPayloadSize: methods.configuration.maximumPayloadSize))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -209,7 +208,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         if context.channel.isWritable {
             for watch in self.watches.values {
-                watch.channelBecameWritable()
+                watch.resume()
             }
         }
         self.updateReading()
@@ -268,6 +267,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
     }
 
+    /// The call's context: this connection's loop and scope, and the frame's deadline.
+    private func callContext(_ deadline: NIODeadline?) -> CallContext {
+        CallContext(eventLoop: self.context.eventLoop, deadline: deadline, scope: self.scope)
+    }
+
     private func check(_ frame: Frame, deadline: NIODeadline?) {
         let request: CheckEntitlementsRequest
         do {
@@ -276,171 +280,25 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        if let problem = Validation.problem(userId: request.userId, field: "user_id") ?? Validation.problem(entitlementIds: request.entitlementIds) {
-            self.fail(frame.requestID, .invalidArgument, problem)
-            return
-        }
-        let freshness = self.freshness()
-        if case .refused(let message) = freshness {
-            self.fail(frame.requestID, .unavailable, message)
-            return
-        }
-        let stale = freshness.staleForMilliseconds
-        let userId = request.userId!
-        let query = CheckQuery(
-            userId: userId,
-            environment: request.environment,
-            entitlementIds: request.entitlementIds,
-            instant: request.at ?? WallClock.unixMilliseconds(),
-            deadline: deadline
-        )
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        if request.minLogSequence > 0, self.services.store.appliedSequence < request.minLogSequence {
-            self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
-                let promise = handler.context.eventLoop.makePromise(of: CheckOutcome.self)
-                handler.pool.check(query, for: handler.scope, completing: promise)
-                handler.answerLater(requestID, userId: userId, instant: query.instant, staleForMilliseconds: handler.freshness().staleForMilliseconds, promise.futureResult)
-            }
-            return
-        }
-        // When the user's resolver runs on this connection's loop (always with one loop; 1 in
-        // L checks with L loops) the check is answered now: no promise, no pending entry, no hop.
-        let first = self.pool.resolver(for: userId)
-        var outcome: CheckOutcome?
-        if first.eventLoop === self.context.eventLoop {
-            outcome = first.core.value.check(query)
-        }
-        if let outcome, !outcome.isForward {
+        switch self.methods.checkEntitlements(request, self.callContext(deadline)) {
+        case .now(.success(let answer)):
+            // The hot path: written straight into the outgoing bytes, nothing pending.
             self.answer(Call(timer: nil, method: self.current.method, start: self.current.start), requestID) { buffer in
-                Self.writeCheck(outcome, userId: userId, instant: query.instant, staleForMilliseconds: stale, into: &buffer)
+                answer.write(into: &buffer)
+                return answer.fromCache ? .fromCache : []
             } failure: {
-                Self.status(of: outcome)
+                .ok
             }
             self.afterCompletion()
-            return
-        }
-        // The resolver is on another loop, or this was an alias of another resolver's
-        // customer (which that resolver answers): one hop, answered when it is back.
-        self.accept(requestID, deadline: deadline)
-        let promise = self.context.eventLoop.makePromise(of: CheckOutcome.self)
-        if case .forward(let shard, let customerId) = outcome {
-            self.pool.check(query, owner: shard, customerId: customerId, for: self.scope, completing: promise)
-        } else {
-            self.pool.check(query, for: self.scope, completing: promise)
-        }
-        self.answerLater(requestID, userId: userId, instant: query.instant, staleForMilliseconds: stale, promise.futureResult)
-    }
-
-    private enum Freshness: Equatable {
-        case current
-        /// Past --max-staleness, policy open: answered with `stale_for_ms`.
-        case stale(milliseconds: UInt64)
-        /// Past --max-staleness, policy closed: UNAVAILABLE with this message.
-        case refused(String)
-
-        /// What `stale_for_ms` carries: 0 unless stale.
-        var staleForMilliseconds: UInt64 {
-            if case .stale(let milliseconds) = self { milliseconds } else { 0 }
-        }
-    }
-
-    /// Whether a fleet server has heard from PostgreSQL within --max-staleness
-    /// (docs/fleet.md, "Staleness"). An embedded server has no upstream: one atomic load.
-    private func freshness() -> Freshness {
-        guard let since = self.configuration.staleness(of: self.services.store) else {
-            return .current
-        }
-        switch self.configuration.stalePolicy {
-        case .open:
-            return .stale(milliseconds: UInt64(since))
-        case .closed:
-            return .refused(Self.staleMessage(sinceMilliseconds: since, bound: self.configuration.maximumStaleness ?? .zero))
-        }
-    }
-
-    static func staleMessage(sinceMilliseconds since: Int64, bound: TimeAmount) -> String {
-        let limit = bound.nanoseconds / 1_000_000
-        let limitText = limit % 1000 == 0 ? "\(limit / 1000)s" : "\(limit)ms"
-        return "stale: this server last heard from PostgreSQL \(since / 1000).\(since % 1000 / 100) s ago, more than --max-staleness \(limitText), and --stale-policy is closed; retry on another server"
-    }
-
-    /// A read that asked for writes this server has not applied (`min_log_sequence`): it is
-    /// accepted, waits at most --min-sequence-wait for them (fleet mode polls at once), then
-    /// `run` answers it as usual; still behind, it fails UNAVAILABLE naming the sequence
-    /// applied here. Off the hot path: a check without the field never comes here.
-    private func afterCatchingUp(
-        to minimum: UInt64,
-        _ requestID: UInt64,
-        deadline: NIODeadline?,
-        run: @escaping (ServerConnectionHandler) -> Void
-    ) {
-        self.accept(requestID, deadline: deadline)
-        let loop = self.context.eventLoop
-        let handler = NIOLoopBound(self, eventLoop: loop)
-        let run = NIOLoopBound(run, eventLoop: loop)
-        let store = self.services.store
-        let wait = self.configuration.minimumSequenceWait
-        store.requestCatchUp(to: minimum)
-        Task {
-            let caughtUp = await store.waitUntilApplied(minimum, timeout: .nanoseconds(wait.nanoseconds))
-            loop.execute {
-                let handler = handler.value
-                guard handler.context != nil, handler.pending[requestID] != nil else {
-                    return  // timed out, or the connection closed, meanwhile
-                }
-                guard caughtUp else {
-                    handler.fail(
-                        requestID,
-                        .unavailable,
-                        "behind: this server has applied log sequence \(store.appliedSequence), the call asked for min_log_sequence \(minimum); retry, or ask another server"
-                    )
-                    return
-                }
-                if case .refused(let message) = handler.freshness() {
-                    handler.fail(requestID, .unavailable, message)  // went stale while it waited
-                    return
-                }
-                run.value(handler)
+        case .now(.failure(let error)):
+            self.fail(requestID, error.status, error.message)
+        case .later(let future):
+            self.accept(requestID, deadline: deadline)
+            self.completeLater(requestID, future) { answer, buffer in
+                answer.write(into: &buffer)
+                return answer.fromCache ? .fromCache : []
             }
-        }
-    }
-
-    /// Answers an accepted check when its resolver on another event loop is done.
-    private func answerLater(_ requestID: UInt64, userId: String, instant: Int64, staleForMilliseconds: UInt64, _ outcome: EventLoopFuture<CheckOutcome>) {
-        outcome.assumeIsolated().whenSuccess { outcome in
-            self.complete(requestID) { buffer in
-                Self.writeCheck(outcome, userId: userId, instant: instant, staleForMilliseconds: staleForMilliseconds, into: &buffer)
-            } failure: {
-                Self.status(of: outcome)
-            }
-        }
-    }
-
-    /// Writes a check's RESPONSE payload: the answer's bytes and nil flags for a failure
-    /// (whose message it writes).
-    private static func writeCheck(_ outcome: CheckOutcome, userId: String, instant: Int64, staleForMilliseconds: UInt64, into buffer: inout ByteBuffer) -> FrameFlags? {
-        switch outcome {
-        case .answer(let answer, let customerId, let fromCache):
-            answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, staleForMilliseconds: staleForMilliseconds, into: &buffer)
-            return fromCache ? .fromCache : []
-        case .deadlineExceeded, .forward:
-            return nil
-        case .failed(let reason):
-            buffer.writeString(reason)
-            return nil
-        case .stopping:
-            buffer.writeString(Self.stoppingMessage)
-            return nil
-        }
-    }
-
-    private static let stoppingMessage = "the server stopped before this check ran; retry on another server"
-
-    private static func status(of outcome: CheckOutcome) -> StatusCode {
-        switch outcome {
-        case .failed: .internalError
-        case .stopping: .unavailable
-        default: .deadlineExceeded
         }
     }
 
@@ -452,84 +310,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        guard request.userIds.count <= self.configuration.maximumBatchSize else {
-            self.fail(
-                frame.requestID,
-                .resourceExhausted,
-                "user_ids: \(request.userIds.count) users; a batch holds at most \(self.configuration.maximumBatchSize)"
-            )
-            return
-        }
-        for (index, userId) in request.userIds.enumerated() {
-            if let problem = Validation.problem(userId: userId, field: "user_ids[\(index)]") {
-                self.fail(frame.requestID, .invalidArgument, problem)
-                return
-            }
-        }
-        if let problem = Validation.problem(entitlementIds: request.entitlementIds) {
-            self.fail(frame.requestID, .invalidArgument, problem)
-            return
-        }
-        let freshness = self.freshness()
-        if case .refused(let message) = freshness {
-            self.fail(frame.requestID, .unavailable, message)
-            return
-        }
-        let instant = request.at ?? WallClock.unixMilliseconds()
-        let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        if request.minLogSequence > 0, self.services.store.appliedSequence < request.minLogSequence {
-            self.afterCatchingUp(to: request.minLogSequence, requestID, deadline: deadline) { handler in
-                handler.runBatch(request, instant: instant, staleForMilliseconds: handler.freshness().staleForMilliseconds, requestID: requestID, deadline: deadline)
-            }
-            return
-        }
-        self.accept(requestID, deadline: deadline)
-        self.runBatch(request, instant: instant, staleForMilliseconds: freshness.staleForMilliseconds, requestID: requestID, deadline: deadline)
-    }
-
-    /// Resolves an accepted batch and answers it.
-    private func runBatch(_ request: BatchCheckEntitlementsRequest, instant: Int64, staleForMilliseconds: UInt64, requestID: UInt64, deadline: NIODeadline?) {
-        let queries = request.userIds.map { userId in
-            CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: deadline)
-        }
-        let answered = self.context.eventLoop.makePromise(of: [CheckOutcome].self)
-        self.pool.checkBatch(queries, for: self.scope, on: self.context.eventLoop, completing: answered)
-        answered.futureResult.assumeIsolated().whenSuccess { outcomes in
-            guard self.pending[requestID] != nil else {
-                return  // cancelled or timed out meanwhile
-            }
-            for (userId, outcome) in zip(request.userIds, outcomes) {
-                switch outcome {
-                case .answer:
-                    continue
-                case .failed(let reason):
-                    self.fail(requestID, .internalError, "user \(userId): \(reason)")
-                    return
-                case .stopping:
-                    self.fail(requestID, .unavailable, Self.stoppingMessage)
-                    return
-                case .deadlineExceeded, .forward:
-                    self.fail(requestID, .deadlineExceeded, "the deadline passed before every user was checked")
-                    return
-                }
-            }
-            self.complete(requestID) { buffer in
-                var single = ByteBuffer()
-                for (userId, outcome) in zip(request.userIds, outcomes) {
-                    guard case .answer(let answer, let customerId, _) = outcome else {
-                        continue
-                    }
-                    single.clear()
-                    answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, staleForMilliseconds: staleForMilliseconds, into: &single)
-                    // results (field 1) of BatchCheckEntitlementsResponse: tag, length, message.
-                    Self.writeVarint(1 << 3 | 2, into: &buffer)
-                    Self.writeVarint(UInt64(single.readableBytes), into: &buffer)
-                    buffer.writeImmutableBuffer(single)
-                }
-                return []
-            } failure: {
-                .internalError
-            }
+        self.run(frame.requestID, deadline: deadline, self.methods.batchCheckEntitlements(request, self.callContext(deadline))) { answer, buffer in
+            answer.write(into: &buffer)
+            return []
         }
     }
 
@@ -541,99 +324,22 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        let response = HealthResponse(
-            // A fleet server past --max-staleness with --stale-policy closed refuses checks.
-            status: self.draining || !self.health.isServing || self.freshness() != .current && self.configuration.stalePolicy == .closed ? .notServing : .serving,
-            snapshotId: self.services.store.snapshot.header.snapshotId,
-            uptimeMs: self.health.uptimeMilliseconds,
-            version: self.configuration.version
-        )
-        self.accept(frame.requestID, deadline: nil)
-        self.complete(frame.requestID) { buffer in
-            // A HealthResponse of these fields always encodes.
-            try? response.serialize(into: &buffer)
-            return []
-        } failure: {
-            .internalError
+        self.run(frame.requestID, deadline: nil, .now(.success(self.methods.health(draining: self.draining)))) { response, buffer in
+            (try? response.serialize(into: &buffer)) == nil ? nil : []
         }
     }
 
-    // MARK: Writes
-
-    /// A write: validated and applied by the store, acknowledged once it is durable and
-    /// every resolver has forgotten what it changed (so any later check sees it).
+    /// A write: acknowledged once it is durable and visible to every later check.
     private func write(_ frame: Frame, deadline: NIODeadline?) {
         let mutation: LogRecord.Mutation
         do {
-            mutation = try Self.mutation(frame)
+            mutation = try EntitlementMethods.mutation(frame.method, frame.payload)
         } catch {
             self.fail(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        let requestID = frame.requestID
-        self.accept(requestID, deadline: deadline)
-        let loop = self.context.eventLoop
-        let handler = NIOLoopBound(self, eventLoop: loop)
-        let services = self.services
-        services.store.write(mutation, now: WallClock.unixMilliseconds()) { result in
-            switch result {
-            case .success(let outcome):
-                let response = WriteResponse(
-                    customerId: outcome.customerId,
-                    logSequence: outcome.sequence ?? 0,
-                    changed: outcome.changed,
-                    created: outcome.created
-                )
-                // The store calls this once every resolver has dropped what the write
-                // changed (ServerServices.afterCommit).
-                loop.execute { handler.value.answerWrite(requestID, response) }
-            case .failure(let error):
-                loop.execute {
-                    handler.value.failWrite(requestID, error)
-                }
-            }
-        }
-    }
-
-    private func answerWrite(_ requestID: UInt64, _ response: WriteResponse) {
-        guard self.context != nil else {
-            return
-        }
-        self.complete(requestID) { buffer in
+        self.run(frame.requestID, deadline: deadline, self.methods.write(mutation, self.callContext(deadline))) { response, buffer in
             (try? response.serialize(into: &buffer)) == nil ? nil : []
-        } failure: {
-            .internalError
-        }
-    }
-
-    private func failWrite(_ requestID: UInt64, _ error: any Error) {
-        guard self.context != nil, self.pending[requestID] != nil else {
-            return
-        }
-        if let refusal = error as? WriteRefusal {
-            self.fail(requestID, Self.status(of: refusal), refusal.message)
-        } else {
-            self.fail(requestID, .internalError, "\(error)")
-        }
-    }
-
-    static func status(of refusal: WriteRefusal) -> StatusCode {
-        switch refusal.reason {
-        case .invalidArgument: .invalidArgument
-        case .notFound: .notFound
-        case .failedPrecondition: .failedPrecondition
-        case .unavailable: .unavailable
-        }
-    }
-
-    private static func mutation(_ frame: Frame) throws -> LogRecord.Mutation {
-        switch frame.method {
-        case .recordTransaction: .recordTransaction(try RecordTransactionRequest(buffer: frame.payload))
-        case .updateSubscriptionState: .updateSubscriptionState(try UpdateSubscriptionStateRequest(buffer: frame.payload))
-        case .grantEntitlement: .grantEntitlement(try GrantEntitlementRequest(buffer: frame.payload))
-        case .revokeGrant: .revokeGrant(try RevokeGrantRequest(buffer: frame.payload))
-        case .linkAlias: .linkAlias(try LinkAliasRequest(buffer: frame.payload))
-        default: .deleteCustomer(try DeleteCustomerRequest(buffer: frame.payload))
         }
     }
 
@@ -644,30 +350,47 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        let requestID = frame.requestID
-        self.accept(requestID, deadline: nil)
-        let handler = NIOLoopBound(self, eventLoop: self.context.eventLoop)
-        let loop = self.context.eventLoop
-        let services = self.services
-        Task {
-            let result: Result<CustomerStore.CompactionReport, any Error>
-            do {
-                result = .success(try await services.compact())
-            } catch {
-                result = .failure(error)
+        self.run(frame.requestID, deadline: nil, self.methods.compact(self.callContext(nil))) { response, buffer in
+            (try? response.serialize(into: &buffer)) == nil ? nil : []
+        }
+    }
+
+    /// Answers a method's result: a failure at once, an answer once it is ready (the call
+    /// pending meanwhile, with its deadline).
+    private func run<Value>(
+        _ requestID: UInt64,
+        deadline: NIODeadline?,
+        _ result: MethodResult<Value>,
+        encode: @escaping (Value, inout ByteBuffer) -> FrameFlags?
+    ) {
+        switch result {
+        case .now(.failure(let error)):
+            self.fail(requestID, error.status, error.message)
+        case .now(.success(let value)):
+            self.accept(requestID, deadline: deadline)
+            self.complete(requestID) { encode(value, &$0) } failure: { .internalError }
+        case .later(let future):
+            self.accept(requestID, deadline: deadline)
+            self.completeLater(requestID, future, encode: encode)
+        }
+    }
+
+    /// Answers an accepted call when its result arrives (a call no longer pending, being
+    /// cancelled or timed out meanwhile, is dropped).
+    private func completeLater<Value>(
+        _ requestID: UInt64,
+        _ future: EventLoopFuture<Result<Value, ServiceError>>,
+        encode: @escaping (Value, inout ByteBuffer) -> FrameFlags?
+    ) {
+        future.assumeIsolated().whenSuccess { result in
+            guard self.context != nil, self.pending[requestID] != nil else {
+                return
             }
-            loop.execute {
-                switch result {
-                case .success(let report):
-                    let response = CompactResponse(snapshotId: report.snapshotId, lastLogSequence: report.lastLogSequence)
-                    handler.value.complete(requestID) { buffer in
-                        (try? response.serialize(into: &buffer)) == nil ? nil : []
-                    } failure: {
-                        .internalError
-                    }
-                case .failure(let error):
-                    handler.value.failWrite(requestID, error)
-                }
+            switch result {
+            case .success(let value):
+                self.complete(requestID) { encode(value, &$0) } failure: { .internalError }
+            case .failure(let error):
+                self.fail(requestID, error.status, error.message)
             }
         }
     }
@@ -677,94 +400,49 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// Refuses a watch: a streaming call always ends with END_OF_STREAM.
     private func refuseWatch(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
         self.metrics.answered(.watchEntitlements, status, since: self.current.start)
-        var buffer = self.context.channel.allocator.buffer(capacity: Frame.headerSize + message.utf8.count)
-        buffer.writeFrame(Frame(type: .endOfStream, status: status, requestID: requestID, payload: ByteBuffer(string: message)))
-        self.send(buffer)
+        self.endWatch(requestID, status, message)
+    }
+
+    private func endWatch(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
+        self.outgoing.writeFrame(Frame(type: .endOfStream, status: status, requestID: requestID, payload: ByteBuffer(string: message)))
+        self.sendOutgoing()
     }
 
     private func watch(_ frame: Frame) {
-        var request: WatchEntitlementsRequest
+        let request: WatchEntitlementsRequest
         do {
             request = try WatchEntitlementsRequest(buffer: frame.payload)
         } catch {
             self.refuseWatch(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        if request.allCustomers {
-            request.userIds = []  // ignored when all_customers is set (service.proto)
-        } else if request.userIds.isEmpty {
-            self.refuseWatch(frame.requestID, .invalidArgument, "user_ids: give at least one, or set all_customers")
-            return
-        }
-        guard request.userIds.count <= self.configuration.maximumBatchSize else {
-            self.refuseWatch(
-                frame.requestID,
-                .resourceExhausted,
-                "user_ids: \(request.userIds.count) users; a watch holds at most \(self.configuration.maximumBatchSize)"
-            )
-            return
-        }
-        for (index, userId) in request.userIds.enumerated() {
-            if let problem = Validation.problem(userId: userId, field: "user_ids[\(index)]") {
-                self.refuseWatch(frame.requestID, .invalidArgument, problem)
-                return
-            }
-        }
-        if let problem = Validation.problem(entitlementIds: request.entitlementIds) {
-            self.refuseWatch(frame.requestID, .invalidArgument, problem)
-            return
-        }
         let requestID = frame.requestID
-        let store = self.services.store
-        let customerIds: [String]
-        do {
-            // Aliases are watched as their customer; an unknown id as the customer a first
-            // write would create.
-            customerIds = Array(Set(try request.userIds.map { try store.customer(for: $0)?.id ?? $0 }))
-        } catch {
-            self.refuseWatch(requestID, .internalError, "\(error)")
-            return
-        }
-        let hub = self.services.watches
-        let watch = Watch(
-            eventLoop: self.context.eventLoop,
-            requestID: requestID,
-            request: request,
-            customerIds: customerIds,
-            resolver: self.pool.resolver,
-            store: store,
-            bufferLimit: self.configuration.watchBufferEvents,
-            send: { [unowned self] buffer in
-                self.send(buffer)
+        let deadline = frame.timeoutMicroseconds > 0 ? self.current.start + .microseconds(Int64(frame.timeoutMicroseconds)) : nil
+        let sink = WatchSink(
+            send: { [unowned self] event in
+                self.outgoing.writeFrameHeader(type: .streamMessage, requestID: requestID, payloadLength: UInt32(event.readableBytes))
+                self.outgoing.writeImmutableBuffer(event)
+                self.sendOutgoing()
                 return self.context?.channel.isWritable ?? false
             },
-            ended: { [unowned self] watch in
-                hub.remove(watch)
-                self.watches[watch.requestID] = nil
+            end: { [unowned self] status, message in
+                self.watches[requestID] = nil
+                self.endWatch(requestID, status, message)
             }
         )
-        guard hub.add(watch) else {
-            self.refuseWatch(requestID, .resourceExhausted, "the server has \(hub.maximumWatches) watch streams, its maximum; try again later")
-            return
-        }
-        self.watches[requestID] = watch
-        if frame.timeoutMicroseconds > 0 {
-            // A stream's timeout bounds the whole stream, as a unary call's bounds its answer.
-            let seconds = Double(frame.timeoutMicroseconds) / 1e6
-            self.context.eventLoop.assumeIsolated().scheduleTask(deadline: self.current.start + .microseconds(Int64(frame.timeoutMicroseconds))) { [weak watch] in
-                watch?.finish(.deadlineExceeded, "the watch's timeout of \(seconds) s elapsed; send a new WatchEntitlements to go on")
+        switch self.methods.watchEntitlements(request, self.callContext(deadline), sink: sink) {
+        case .success(let watch):
+            if !watch.isFinished {
+                self.watches[requestID] = watch
             }
-        }
-        do {
-            try watch.start(now: WallClock.unixMilliseconds())
-        } catch {
-            watch.finish(.internalError, "cannot read the watched customers: \(error)")
+        case .failure(let error):
+            self.refuseWatch(requestID, error.status, error.message)
         }
     }
 
     private func cancel(_ requestID: UInt64) {
         if let watch = self.watches[requestID] {
-            watch.finish(.cancelled, "cancelled by the client")
+            watch.cancel()
             return
         }
         guard self.pending[requestID] != nil else {
@@ -1063,40 +741,5 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             "a frame started \(seconds) s ago has not arrived in full (\(self.received - self.consumed) bytes so far); closing (at stream offset \(self.consumed))",
             requestID: 0
         )
-    }
-
-    // MARK: Helpers
-
-
-    private static func writeVarint(_ value: UInt64, into buffer: inout ByteBuffer) {
-        var value = value
-        while value >= 0x80 {
-            buffer.writeInteger(UInt8(truncatingIfNeeded: value) | 0x80)
-            value >>= 7
-        }
-        buffer.writeInteger(UInt8(value))
-    }
-}
-
-/// Request validation shared by the methods.
-enum Validation {
-    /// The longest user id accepted, in UTF-8 bytes.
-    static let maximumUserIdBytes = 256
-
-    static func problem(userId: String?, field: String) -> String? {
-        guard let userId, !userId.isEmpty else {
-            return "\(field): must not be empty"
-        }
-        guard userId.utf8.count <= Self.maximumUserIdBytes else {
-            return "\(field): must be at most \(Self.maximumUserIdBytes) bytes, got \(userId.utf8.count)"
-        }
-        return nil
-    }
-
-    static func problem(entitlementIds: [String]) -> String? {
-        for (index, id) in entitlementIds.enumerated() where id.isEmpty || id.utf8.count > Self.maximumUserIdBytes {
-            return "entitlement_ids[\(index)]: must be 1 to \(Self.maximumUserIdBytes) bytes"
-        }
-        return nil
     }
 }

@@ -206,12 +206,15 @@ final class ResolverCore {
 /// Whether the connection a check came from is still open. Work queued on another loop for
 /// a connection that has closed is skipped (answered ``CheckOutcome/stopping``, which
 /// nobody reads): a client that times out and goes away does not leave its checks behind.
-final class ConnectionScope: Sendable {
+public final class ConnectionScope: Sendable {
     private let closed = Atomic<Bool>(false)
 
-    var isClosed: Bool { self.closed.load(ordering: .relaxed) }
+    public init() {}
 
-    func close() {
+    public var isClosed: Bool { self.closed.load(ordering: .relaxed) }
+
+    /// The caller has gone: work still queued for it is skipped.
+    public func close() {
         self.closed.store(true, ordering: .relaxed)
     }
 }

@@ -1,8 +1,8 @@
 import EntitlementsMessages
 import EntitlementsResolver
 import EntitlementsStore
-import EntitlementsWire
-import NIOCore
+public import EntitlementsWire
+public import NIOCore
 import Synchronization
 
 /// The open WatchEntitlements streams and who watches which customer.
@@ -11,10 +11,10 @@ import Synchronization
 /// gets the new record on its own connection's event loop, where it resolves, compares with
 /// what it last sent, and sends an event if the answer changed. Producers never wait for a
 /// watcher: a watcher that cannot keep up overflows its bounded buffer and is ended with
-/// RESOURCE_EXHAUSTED (see ``Watch``).
+/// RESOURCE_EXHAUSTED (see ``WatchStream``).
 final class WatchHub: Sendable {
     private struct State {
-        var watches: [Int: Watch] = [:]
+        var watches: [Int: WatchStream] = [:]
         var byCustomer: [String: Set<Int>] = [:]
         var everyCustomer: Set<Int> = []
         var nextID = 0
@@ -32,7 +32,7 @@ final class WatchHub: Sendable {
     var count: Int { self.state.withLock { $0.watches.count } }
 
     /// Registers `watch`; false when the server already has its maximum.
-    func add(_ watch: Watch) -> Bool {
+    func add(_ watch: WatchStream) -> Bool {
         self.state.withLock { state in
             guard state.watches.count < self.maximumWatches else {
                 return false
@@ -51,7 +51,7 @@ final class WatchHub: Sendable {
         }
     }
 
-    func remove(_ watch: Watch) {
+    func remove(_ watch: WatchStream) {
         self.state.withLock { state in
             let id = watch.hubID
             guard state.watches.removeValue(forKey: id) != nil else {
@@ -70,11 +70,11 @@ final class WatchHub: Sendable {
 
     /// Tells the watches of the customers `write` changed (any thread; does not block).
     func publish(_ write: CustomerStore.CommittedWrite) {
-        let deliveries = self.state.withLock { state -> [(Watch, String)] in
+        let deliveries = self.state.withLock { state -> [(WatchStream, String)] in
             guard !state.watches.isEmpty else {
                 return []
             }
-            var deliveries: [(Watch, String)] = []
+            var deliveries: [(WatchStream, String)] = []
             for customerId in write.effect.records.keys {
                 var ids = state.everyCustomer
                 if let watching = state.byCustomer[customerId] {
@@ -98,9 +98,25 @@ final class WatchHub: Sendable {
     }
 }
 
-/// One WatchEntitlements stream. Created on and confined to its connection's event loop,
+/// Where a watch stream's events go: a transport's stream (a framed request id, a gRPC
+/// stream). Called on the stream's event loop only.
+public struct WatchSink {
+    /// Sends one encoded EntitlementsChangedEvent; returns whether the transport can take
+    /// more now (false: the socket is full, and the stream holds events until
+    /// ``WatchStream/resume()``).
+    public var send: (ByteBuffer) -> Bool
+    /// Ends the stream with a status and a message (empty for OK); called once, last.
+    public var end: (StatusCode, String) -> Void
+
+    public init(send: @escaping (ByteBuffer) -> Bool, end: @escaping (StatusCode, String) -> Void) {
+        self.send = send
+        self.end = end
+    }
+}
+
+/// One WatchEntitlements stream. Created on and confined to its caller's event loop,
 /// except for the immutable fields the hub reads.
-final class Watch: @unchecked Sendable {
+public final class WatchStream: @unchecked Sendable {
     // @unchecked: `hubID` is written once, under the hub's lock, before the watch is
     // shared; every other mutable field is only touched on `eventLoop`.
 
@@ -114,7 +130,6 @@ final class Watch: @unchecked Sendable {
     }
 
     let eventLoop: any EventLoop
-    let requestID: UInt64
     let everyCustomer: Bool
     let customerIds: [String]
     fileprivate(set) var hubID = 0
@@ -126,10 +141,9 @@ final class Watch: @unchecked Sendable {
     private let resolver: EntitlementResolver
     private let store: CustomerStore
     private let bufferLimit: Int
-    /// Sends a frame on the connection; returns whether the channel is still writable.
-    private let send: (ByteBuffer) -> Bool
+    private let sink: WatchSink
     /// Called once when the stream ends (overflow, cancel, close).
-    private let ended: (Watch) -> Void
+    private let ended: (WatchStream) -> Void
 
     private var known: [String: Known] = [:]
     /// Events held while the socket is full (bounded by `bufferLimit`).
@@ -144,17 +158,15 @@ final class Watch: @unchecked Sendable {
 
     init(
         eventLoop: any EventLoop,
-        requestID: UInt64,
         request: WatchEntitlementsRequest,
         customerIds: [String],
         resolver: EntitlementResolver,
         store: CustomerStore,
         bufferLimit: Int,
-        send: @escaping (ByteBuffer) -> Bool,
-        ended: @escaping (Watch) -> Void
+        sink: WatchSink,
+        ended: @escaping (WatchStream) -> Void
     ) {
         self.eventLoop = eventLoop
-        self.requestID = requestID
         self.everyCustomer = request.allCustomers == true
         self.customerIds = customerIds
         self.environment = request.environment
@@ -163,7 +175,7 @@ final class Watch: @unchecked Sendable {
         self.resolver = resolver
         self.store = store
         self.bufferLimit = bufferLimit
-        self.send = send
+        self.sink = sink
         self.ended = ended
     }
 
@@ -281,23 +293,15 @@ final class Watch: @unchecked Sendable {
         self.emit(EntitlementsChangedEvent(customerId: customerId, cause: cause, changes: changes, current: current, logSequence: sequence ?? 0), customerId: customerId)
     }
 
-    /// Encodes `event` as a STREAM_MESSAGE and delivers it.
+    /// Encodes `event` and delivers it.
     private func emit(_ event: EntitlementsChangedEvent, customerId: String) {
         var buffer = ByteBuffer()
-        buffer.writeRepeatingByte(0, count: Frame.headerSize)  // room for the header, below
-        buffer.moveReaderIndex(forwardBy: Frame.headerSize)
         do {
             try event.serialize(into: &buffer)
         } catch {
             self.finish(.internalError, "cannot encode the event for \(customerId): \(error)")
             return
         }
-        let length = UInt32(buffer.readableBytes)
-        buffer.moveReaderIndex(to: 0)
-        let end = buffer.writerIndex
-        buffer.moveWriterIndex(to: 0)
-        buffer.writeFrameHeader(type: .streamMessage, requestID: self.requestID, payloadLength: length)
-        buffer.moveWriterIndex(to: end)
         self.deliver(buffer)
     }
 
@@ -335,13 +339,13 @@ final class Watch: @unchecked Sendable {
 
     // MARK: Delivery
 
-    /// Sends `frame`, or holds it while the socket is full; too many held ends the stream.
-    private func deliver(_ frame: ByteBuffer) {
+    /// Sends `event`, or holds it while the socket is full; too many held ends the stream.
+    private func deliver(_ event: ByteBuffer) {
         guard self.socketFull else {
-            self.socketFull = !self.send(frame)
+            self.socketFull = !self.sink.send(event)
             return
         }
-        self.buffered.append(frame)
+        self.buffered.append(event)
         if self.buffered.count > self.bufferLimit {
             self.buffered.removeAll()
             self.socketFull = false  // the END_OF_STREAM goes out behind what was sent
@@ -352,30 +356,37 @@ final class Watch: @unchecked Sendable {
         }
     }
 
-    /// The connection can take writes again: send what was held, while it can.
-    func channelBecameWritable() {
+    /// The transport can take writes again: send what was held, while it can.
+    public func resume() {
         self.socketFull = false
         while !self.buffered.isEmpty, !self.socketFull {
-            self.socketFull = !self.send(self.buffered.removeFirst())
+            self.socketFull = !self.sink.send(self.buffered.removeFirst())
         }
     }
 
-    /// Ends the stream with END_OF_STREAM carrying `status` (once).
-    func finish(_ status: StatusCode, _ message: String) {
+    /// Whether the stream has ended.
+    public var isFinished: Bool { self.finished }
+
+    /// The caller cancelled the stream: it ends with CANCELLED.
+    public func cancel() {
+        self.finish(.cancelled, "cancelled by the client")
+    }
+
+    /// Ends the stream through the sink with `status` (once).
+    public func finish(_ status: StatusCode, _ message: String) {
         guard !self.finished else {
             return
         }
         self.finished = true
         self.timer?.cancel()
         self.timer = nil
-        var buffer = ByteBuffer()
-        buffer.writeFrame(Frame(type: .endOfStream, status: status, requestID: self.requestID, payload: ByteBuffer(string: status == .ok ? "" : message)))
-        _ = self.send(buffer)
+        self.buffered.removeAll()
+        self.sink.end(status, status == .ok ? "" : message)
         self.ended(self)
     }
 
-    /// The connection closed: stop without sending anything.
-    func abandon() {
+    /// The caller went away: stop without sending anything.
+    public func abandon() {
         guard !self.finished else {
             return
         }

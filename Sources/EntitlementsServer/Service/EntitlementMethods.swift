@@ -1,0 +1,550 @@
+public import EntitlementsMessages
+public import EntitlementsStore
+public import EntitlementsWire
+public import NIOCore
+
+/// A call that failed: a status of docs/PROTOCOL.md (the gRPC codes) and a message a
+/// person can act on. Every transport sends both as they are.
+public struct ServiceError: Error, Sendable, Hashable, CustomStringConvertible {
+    public var status: StatusCode
+    public var message: String
+
+    public init(_ status: StatusCode, _ message: String) {
+        self.status = status
+        self.message = message
+    }
+
+    public var description: String { "\(self.status): \(self.message)" }
+}
+
+/// What a method answers: at once (a cache hit whose resolver runs on the caller's event
+/// loop: no promise, no allocation), or later, on the caller's event loop.
+public enum MethodResult<Value> {
+    case now(Result<Value, ServiceError>)
+    case later(EventLoopFuture<Result<Value, ServiceError>>)
+
+    static func failure(_ status: StatusCode, _ message: String) -> Self {
+        .now(.failure(ServiceError(status, message)))
+    }
+}
+
+extension MethodResult: Sendable where Value: Sendable {}
+
+/// Who is calling, and until when: what a transport knows about a call and the methods need.
+public struct CallContext {
+    /// The caller's event loop: answers come back on it, and a resolver running on it
+    /// answers at once.
+    public var eventLoop: any EventLoop
+    /// Work not started by then is abandoned (the caller's timeout); nil for none. The
+    /// transport still answers DEADLINE_EXCEEDED itself when it passes.
+    public var deadline: NIODeadline?
+    /// Closed when the caller goes away, so that work queued for it is skipped.
+    public var scope: ConnectionScope
+
+    public init(eventLoop: any EventLoop, deadline: NIODeadline?, scope: ConnectionScope) {
+        self.eventLoop = eventLoop
+        self.deadline = deadline
+        self.scope = scope
+    }
+}
+
+/// The methods of `entitlements.v1.EntitlementService` (proto/entitlements/v1/service.proto),
+/// written once for every transport: the framed protocol of docs/PROTOCOL.md, the gRPC door
+/// and the HTTP/JSON door (docs/doors.md). Typed requests in, typed answers out; a transport
+/// only decodes, calls, and encodes. Validation, staleness, read-your-writes waits, the
+/// resolvers, the store and the watches are all behind these calls.
+///
+/// Every method is called on the caller's event loop (`CallContext.eventLoop`) and answers
+/// there.
+public final class EntitlementMethods: Sendable {
+    let services: ServerServices
+    /// The server's settings (limits, staleness policy, version).
+    public let configuration: ServerConfiguration
+
+    init(services: ServerServices, configuration: ServerConfiguration) {
+        self.services = services
+        self.configuration = configuration
+    }
+
+    var pool: ResolverPool { self.services.pool }
+    var store: CustomerStore { self.services.store }
+
+    // MARK: Checks
+
+    /// CheckEntitlements. A cache hit whose resolver runs on the caller's loop is answered
+    /// `.now`; anything else (another loop's resolver, an alias owned by another resolver,
+    /// a `min_log_sequence` wait) `.later`.
+    public func checkEntitlements(_ request: CheckEntitlementsRequest, _ context: CallContext) -> MethodResult<CheckAnswer> {
+        if let problem = Validation.problem(userId: request.userId, field: "user_id") ?? Validation.problem(entitlementIds: request.entitlementIds) {
+            return .failure(.invalidArgument, problem)
+        }
+        let freshness = self.freshness()
+        if case .refused(let message) = freshness {
+            return .failure(.unavailable, message)
+        }
+        let userId = request.userId!
+        let query = CheckQuery(
+            userId: userId,
+            environment: request.environment,
+            entitlementIds: request.entitlementIds,
+            instant: request.at ?? WallClock.unixMilliseconds(),
+            deadline: context.deadline
+        )
+        if request.minLogSequence > 0, self.store.appliedSequence < request.minLogSequence {
+            return .later(self.afterCatchingUp(to: request.minLogSequence, on: context.eventLoop) { methods in
+                let promise = context.eventLoop.makePromise(of: CheckOutcome.self)
+                methods.pool.check(query, for: context.scope, completing: promise)
+                let stale = methods.freshness().staleForMilliseconds
+                return promise.futureResult.map { CheckAnswer.make($0, query: query, staleForMilliseconds: stale) }
+            })
+        }
+        let stale = freshness.staleForMilliseconds
+        // When the user's resolver runs on the caller's loop (always with one loop; 1 in L
+        // checks with L loops) the check is answered now: no promise, no hop.
+        let first = self.pool.resolver(for: userId)
+        var outcome: CheckOutcome?
+        if first.eventLoop === context.eventLoop {
+            outcome = first.core.value.check(query)
+        }
+        if let outcome, !outcome.isForward {
+            return .now(CheckAnswer.make(outcome, query: query, staleForMilliseconds: stale))
+        }
+        // The resolver is on another loop, or this was an alias of another resolver's
+        // customer (which that resolver answers): one hop, answered when it is back.
+        let promise = context.eventLoop.makePromise(of: CheckOutcome.self)
+        if case .forward(let shard, let customerId) = outcome {
+            self.pool.check(query, owner: shard, customerId: customerId, for: context.scope, completing: promise)
+        } else {
+            self.pool.check(query, for: context.scope, completing: promise)
+        }
+        return .later(promise.futureResult.map { CheckAnswer.make($0, query: query, staleForMilliseconds: stale) })
+    }
+
+    /// BatchCheckEntitlements: every user, in order, or one failure for the batch.
+    public func batchCheckEntitlements(_ request: BatchCheckEntitlementsRequest, _ context: CallContext) -> MethodResult<BatchCheckAnswer> {
+        guard request.userIds.count <= self.configuration.maximumBatchSize else {
+            return .failure(
+                .resourceExhausted,
+                "user_ids: \(request.userIds.count) users; a batch holds at most \(self.configuration.maximumBatchSize)"
+            )
+        }
+        for (index, userId) in request.userIds.enumerated() {
+            if let problem = Validation.problem(userId: userId, field: "user_ids[\(index)]") {
+                return .failure(.invalidArgument, problem)
+            }
+        }
+        if let problem = Validation.problem(entitlementIds: request.entitlementIds) {
+            return .failure(.invalidArgument, problem)
+        }
+        let freshness = self.freshness()
+        if case .refused(let message) = freshness {
+            return .failure(.unavailable, message)
+        }
+        let instant = request.at ?? WallClock.unixMilliseconds()
+        if request.minLogSequence > 0, self.store.appliedSequence < request.minLogSequence {
+            return .later(self.afterCatchingUp(to: request.minLogSequence, on: context.eventLoop) { methods in
+                methods.runBatch(request, instant: instant, staleForMilliseconds: methods.freshness().staleForMilliseconds, context)
+            })
+        }
+        return .later(self.runBatch(request, instant: instant, staleForMilliseconds: freshness.staleForMilliseconds, context))
+    }
+
+    private func runBatch(
+        _ request: BatchCheckEntitlementsRequest,
+        instant: Int64,
+        staleForMilliseconds: UInt64,
+        _ context: CallContext
+    ) -> EventLoopFuture<Result<BatchCheckAnswer, ServiceError>> {
+        let queries = request.userIds.map { userId in
+            CheckQuery(userId: userId, environment: request.environment, entitlementIds: request.entitlementIds, instant: instant, deadline: context.deadline)
+        }
+        let answered = context.eventLoop.makePromise(of: [CheckOutcome].self)
+        self.pool.checkBatch(queries, for: context.scope, on: context.eventLoop, completing: answered)
+        return answered.futureResult.map { outcomes in
+            var answers: [(CachedAnswer, customerId: String?)] = []
+            answers.reserveCapacity(outcomes.count)
+            for (userId, outcome) in zip(request.userIds, outcomes) {
+                switch outcome {
+                case .answer(let answer, let customerId, _):
+                    answers.append((answer, customerId))
+                case .failed(let reason):
+                    return .failure(ServiceError(.internalError, "user \(userId): \(reason)"))
+                case .stopping:
+                    return .failure(ServiceError(.unavailable, CheckAnswer.stoppingMessage))
+                case .deadlineExceeded, .forward:
+                    return .failure(ServiceError(.deadlineExceeded, "the deadline passed before every user was checked"))
+                }
+            }
+            return .success(BatchCheckAnswer(userIds: request.userIds, answers: answers, requestDate: instant, staleForMilliseconds: staleForMilliseconds))
+        }
+    }
+
+    // MARK: Health
+
+    /// Health. `draining`: the caller's connection has been told to go away (GOAWAY).
+    public func health(draining: Bool = false) -> HealthResponse {
+        HealthResponse(
+            status: self.isServing(draining: draining) ? .serving : .notServing,
+            snapshotId: self.store.snapshot.header.snapshotId,
+            uptimeMs: self.services.health.uptimeMilliseconds,
+            version: self.configuration.version
+        )
+    }
+
+    /// Whether checks are served: false during a drain, and for a fleet server past
+    /// --max-staleness with --stale-policy closed (which refuses checks).
+    public func isServing(draining: Bool = false) -> Bool {
+        !draining && self.services.health.isServing
+            && !(self.freshness() != .current && self.configuration.stalePolicy == .closed)
+    }
+
+    // MARK: Writes
+
+    /// A write: validated and applied by the store, answered once it is durable and every
+    /// resolver has forgotten what it changed (so any later check sees it).
+    public func write(_ mutation: LogRecord.Mutation, _ context: CallContext) -> MethodResult<WriteResponse> {
+        let promise = context.eventLoop.makePromise(of: Result<WriteResponse, ServiceError>.self)
+        self.store.write(mutation, now: WallClock.unixMilliseconds()) { result in
+            // The store calls this once every resolver has dropped what the write changed
+            // (ServerServices.afterCommit).
+            promise.succeed(result.map { outcome in
+                WriteResponse(customerId: outcome.customerId, logSequence: outcome.sequence ?? 0, changed: outcome.changed, created: outcome.created)
+            }.mapError(Self.serviceError))
+        }
+        return .later(promise.futureResult)
+    }
+
+    /// Compact: a new snapshot holding every acknowledged write.
+    public func compact(_ context: CallContext) -> MethodResult<CompactResponse> {
+        let promise = context.eventLoop.makePromise(of: Result<CompactResponse, ServiceError>.self)
+        let services = self.services
+        Task {
+            do {
+                let report = try await services.compact()
+                promise.succeed(.success(CompactResponse(snapshotId: report.snapshotId, lastLogSequence: report.lastLogSequence)))
+            } catch {
+                promise.succeed(.failure(Self.serviceError(error)))
+            }
+        }
+        return .later(promise.futureResult)
+    }
+
+    static func serviceError(_ error: any Error) -> ServiceError {
+        if let refusal = error as? WriteRefusal {
+            return ServiceError(Self.status(of: refusal), refusal.message)
+        }
+        return ServiceError(.internalError, "\(error)")
+    }
+
+    static func status(of refusal: WriteRefusal) -> StatusCode {
+        switch refusal.reason {
+        case .invalidArgument: .invalidArgument
+        case .notFound: .notFound
+        case .failedPrecondition: .failedPrecondition
+        case .unavailable: .unavailable
+        }
+    }
+
+    // MARK: Watch
+
+    /// WatchEntitlements: opens a stream that sends through `sink` until it ends (by the
+    /// server, or `WatchStream.cancel`). A refused watch sends nothing and calls nothing.
+    public func watchEntitlements(_ request: WatchEntitlementsRequest, _ context: CallContext, sink: WatchSink) -> Result<WatchStream, ServiceError> {
+        var request = request
+        if request.allCustomers {
+            request.userIds = []  // ignored when all_customers is set (service.proto)
+        } else if request.userIds.isEmpty {
+            return .failure(ServiceError(.invalidArgument, "user_ids: give at least one, or set all_customers"))
+        }
+        guard request.userIds.count <= self.configuration.maximumBatchSize else {
+            return .failure(ServiceError(
+                .resourceExhausted,
+                "user_ids: \(request.userIds.count) users; a watch holds at most \(self.configuration.maximumBatchSize)"
+            ))
+        }
+        for (index, userId) in request.userIds.enumerated() {
+            if let problem = Validation.problem(userId: userId, field: "user_ids[\(index)]") {
+                return .failure(ServiceError(.invalidArgument, problem))
+            }
+        }
+        if let problem = Validation.problem(entitlementIds: request.entitlementIds) {
+            return .failure(ServiceError(.invalidArgument, problem))
+        }
+        let store = self.store
+        let customerIds: [String]
+        do {
+            // Aliases are watched as their customer; an unknown id as the customer a first
+            // write would create.
+            customerIds = Array(Set(try request.userIds.map { try store.customer(for: $0)?.id ?? $0 }))
+        } catch {
+            return .failure(ServiceError(.internalError, "\(error)"))
+        }
+        let hub = self.services.watches
+        let watch = WatchStream(
+            eventLoop: context.eventLoop,
+            request: request,
+            customerIds: customerIds,
+            resolver: self.pool.resolver,
+            store: store,
+            bufferLimit: self.configuration.watchBufferEvents,
+            sink: sink,
+            ended: { hub.remove($0) }
+        )
+        guard hub.add(watch) else {
+            return .failure(ServiceError(.resourceExhausted, "the server has \(hub.maximumWatches) watch streams, its maximum; try again later"))
+        }
+        if let deadline = context.deadline {
+            // A stream's timeout bounds the whole stream, as a unary call's bounds its answer.
+            let seconds = Double(((deadline - NIODeadline.now()).nanoseconds + 500_000) / 1_000_000) / 1000
+            context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { [weak watch] in
+                watch?.finish(.deadlineExceeded, "the watch's timeout of \(seconds) s elapsed; send a new WatchEntitlements to go on")
+            }
+        }
+        do {
+            try watch.start(now: WallClock.unixMilliseconds())
+        } catch {
+            watch.finish(.internalError, "cannot read the watched customers: \(error)")
+        }
+        return .success(watch)
+    }
+
+    // MARK: Protobuf bytes
+
+    /// A unary method with its request and answer as protobuf bytes: what a transport that
+    /// carries protobuf (the gRPC door) calls. The request is decoded here, so that every
+    /// such transport refuses the same bytes with the same message.
+    public func unary(_ method: MethodID, request: ByteBuffer, _ context: CallContext, draining: Bool = false) -> MethodResult<ByteBuffer> {
+        do {
+            switch method {
+            case .checkEntitlements:
+                return Self.encoded(self.checkEntitlements(try CheckEntitlementsRequest(buffer: request), context)) { $0.write(into: &$1) }
+            case .batchCheckEntitlements:
+                return Self.encoded(self.batchCheckEntitlements(try BatchCheckEntitlementsRequest(buffer: request), context)) { $0.write(into: &$1) }
+            case .health:
+                _ = try HealthRequest(buffer: request)  // garbage is refused, not answered
+                return Self.encoded(.now(.success(self.health(draining: draining)))) { try? $0.serialize(into: &$1) }
+            case .compact:
+                _ = try CompactRequest(buffer: request)
+                return Self.encoded(self.compact(context)) { try? $0.serialize(into: &$1) }
+            case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
+                return Self.encoded(self.write(try Self.mutation(method, request), context)) { try? $0.serialize(into: &$1) }
+            default:
+                return .failure(.unimplemented, "\(method) is not a unary method of this server")
+            }
+        } catch {
+            return .failure(.invalidArgument, "\(error)")
+        }
+    }
+
+    /// Decodes a write method's request.
+    public static func mutation(_ method: MethodID, _ payload: ByteBuffer) throws -> LogRecord.Mutation {
+        switch method {
+        case .recordTransaction: .recordTransaction(try RecordTransactionRequest(buffer: payload))
+        case .updateSubscriptionState: .updateSubscriptionState(try UpdateSubscriptionStateRequest(buffer: payload))
+        case .grantEntitlement: .grantEntitlement(try GrantEntitlementRequest(buffer: payload))
+        case .revokeGrant: .revokeGrant(try RevokeGrantRequest(buffer: payload))
+        case .linkAlias: .linkAlias(try LinkAliasRequest(buffer: payload))
+        default: .deleteCustomer(try DeleteCustomerRequest(buffer: payload))
+        }
+    }
+
+    private static func encoded<Value: Sendable>(_ result: MethodResult<Value>, _ write: @escaping @Sendable (Value, inout ByteBuffer) -> Void) -> MethodResult<ByteBuffer> {
+        @Sendable func encode(_ result: Result<Value, ServiceError>) -> Result<ByteBuffer, ServiceError> {
+            result.map { value in
+                var buffer = ByteBuffer()
+                write(value, &buffer)
+                return buffer
+            }
+        }
+        switch result {
+        case .now(let result): return .now(encode(result))
+        case .later(let future): return .later(future.map(encode))
+        }
+    }
+
+    // MARK: Metrics
+
+    /// Counts an answered call in the server's metrics (every transport reports the same
+    /// series, by method and status).
+    public func recordAnswer(_ method: MethodID, _ status: StatusCode, since start: NIODeadline) {
+        self.services.metrics.answered(method, status, since: start)
+    }
+
+    /// Counts a call accepted (+1) or answered (-1) in the in-flight gauge.
+    public func recordInFlight(_ delta: Int) {
+        if delta > 0 {
+            self.services.metrics.inFlight.increment(by: Double(delta))
+        } else {
+            self.services.metrics.inFlight.decrement(by: Double(-delta))
+        }
+    }
+
+    // MARK: Staleness and read-your-writes
+
+    enum Freshness: Equatable {
+        case current
+        /// Past --max-staleness, policy open: answered with `stale_for_ms`.
+        case stale(milliseconds: UInt64)
+        /// Past --max-staleness, policy closed: UNAVAILABLE with this message.
+        case refused(String)
+
+        /// What `stale_for_ms` carries: 0 unless stale.
+        var staleForMilliseconds: UInt64 {
+            if case .stale(let milliseconds) = self { milliseconds } else { 0 }
+        }
+    }
+
+    /// Whether a fleet server has heard from PostgreSQL within --max-staleness
+    /// (docs/fleet.md, "Staleness"). An embedded server has no upstream: one atomic load.
+    func freshness() -> Freshness {
+        guard let since = self.configuration.staleness(of: self.store) else {
+            return .current
+        }
+        switch self.configuration.stalePolicy {
+        case .open:
+            return .stale(milliseconds: UInt64(since))
+        case .closed:
+            return .refused(Self.staleMessage(sinceMilliseconds: since, bound: self.configuration.maximumStaleness ?? .zero))
+        }
+    }
+
+    static func staleMessage(sinceMilliseconds since: Int64, bound: TimeAmount) -> String {
+        let limit = bound.nanoseconds / 1_000_000
+        let limitText = limit % 1000 == 0 ? "\(limit / 1000)s" : "\(limit)ms"
+        return "stale: this server last heard from PostgreSQL \(since / 1000).\(since % 1000 / 100) s ago, more than --max-staleness \(limitText), and --stale-policy is closed; retry on another server"
+    }
+
+    /// A read that asked for writes this server has not applied (`min_log_sequence`) waits
+    /// at most --min-sequence-wait for them (fleet mode polls at once), then `run` answers
+    /// it as usual; still behind, it fails UNAVAILABLE naming the sequence applied here.
+    /// Off the hot path: a check without the field never comes here.
+    private func afterCatchingUp<Value: Sendable>(
+        to minimum: UInt64,
+        on loop: any EventLoop,
+        run: @escaping (EntitlementMethods) -> EventLoopFuture<Result<Value, ServiceError>>
+    ) -> EventLoopFuture<Result<Value, ServiceError>> {
+        let promise = loop.makePromise(of: Result<Value, ServiceError>.self)
+        let run = NIOLoopBound(run, eventLoop: loop)
+        let store = self.store
+        let wait = self.configuration.minimumSequenceWait
+        store.requestCatchUp(to: minimum)
+        Task {
+            let caughtUp = await store.waitUntilApplied(minimum, timeout: .nanoseconds(wait.nanoseconds))
+            loop.execute {
+                guard caughtUp else {
+                    promise.succeed(.failure(ServiceError(
+                        .unavailable,
+                        "behind: this server has applied log sequence \(store.appliedSequence), the call asked for min_log_sequence \(minimum); retry, or ask another server"
+                    )))
+                    return
+                }
+                if case .refused(let message) = self.freshness() {
+                    promise.succeed(.failure(ServiceError(.unavailable, message)))  // went stale while it waited
+                    return
+                }
+                promise.completeWith(run.value(self))
+            }
+        }
+        return promise.futureResult
+    }
+}
+
+/// A CheckEntitlements answer: the resolver's cached bytes and what the response adds.
+public struct CheckAnswer: Sendable {
+    public var answer: CachedAnswer
+    public var userId: String
+    /// nil for an unknown user.
+    public var customerId: String?
+    public var requestDate: Int64
+    public var staleForMilliseconds: UInt64
+    /// Whether the answer came from the cache (the framed protocol's FROM_CACHE flag).
+    public var fromCache: Bool
+
+    /// Writes the encoded CheckEntitlementsResponse.
+    public func write(into buffer: inout ByteBuffer) {
+        self.answer.writeResponse(userId: self.userId, customerId: self.customerId, requestDate: self.requestDate, staleForMilliseconds: self.staleForMilliseconds, into: &buffer)
+    }
+
+    /// The answer as a message (decoded from its bytes: for transports that do not send
+    /// protobuf).
+    public func response() throws -> CheckEntitlementsResponse {
+        var buffer = ByteBuffer()
+        self.write(into: &buffer)
+        return try CheckEntitlementsResponse(buffer: buffer)
+    }
+
+    static let stoppingMessage = "the server stopped before this check ran; retry on another server"
+
+    static func make(_ outcome: CheckOutcome, query: CheckQuery, staleForMilliseconds: UInt64) -> Result<CheckAnswer, ServiceError> {
+        switch outcome {
+        case .answer(let answer, let customerId, let fromCache):
+            .success(CheckAnswer(answer: answer, userId: query.userId, customerId: customerId, requestDate: query.instant, staleForMilliseconds: staleForMilliseconds, fromCache: fromCache))
+        case .deadlineExceeded, .forward:
+            .failure(ServiceError(.deadlineExceeded, "the deadline passed before the answer was ready"))
+        case .failed(let reason):
+            .failure(ServiceError(.internalError, reason))
+        case .stopping:
+            .failure(ServiceError(.unavailable, Self.stoppingMessage))
+        }
+    }
+}
+
+/// A BatchCheckEntitlements answer: one result per user id, in the request's order.
+public struct BatchCheckAnswer: Sendable {
+    public var userIds: [String]
+    public var answers: [(CachedAnswer, customerId: String?)]
+    public var requestDate: Int64
+    public var staleForMilliseconds: UInt64
+
+    /// Writes the encoded BatchCheckEntitlementsResponse.
+    public func write(into buffer: inout ByteBuffer) {
+        var single = ByteBuffer()
+        for (userId, (answer, customerId)) in zip(self.userIds, self.answers) {
+            single.clear()
+            answer.writeResponse(userId: userId, customerId: customerId, requestDate: self.requestDate, staleForMilliseconds: self.staleForMilliseconds, into: &single)
+            // results (field 1) of BatchCheckEntitlementsResponse: tag, length, message.
+            Self.writeVarint(1 << 3 | 2, into: &buffer)
+            Self.writeVarint(UInt64(single.readableBytes), into: &buffer)
+            buffer.writeImmutableBuffer(single)
+        }
+    }
+
+    /// The answer as a message.
+    public func response() throws -> BatchCheckEntitlementsResponse {
+        var buffer = ByteBuffer()
+        self.write(into: &buffer)
+        return try BatchCheckEntitlementsResponse(buffer: buffer)
+    }
+
+    private static func writeVarint(_ value: UInt64, into buffer: inout ByteBuffer) {
+        var value = value
+        while value >= 0x80 {
+            buffer.writeInteger(UInt8(truncatingIfNeeded: value) | 0x80)
+            value >>= 7
+        }
+        buffer.writeInteger(UInt8(value))
+    }
+}
+
+/// Request validation shared by the methods.
+enum Validation {
+    /// The longest user id accepted, in UTF-8 bytes.
+    static let maximumUserIdBytes = 256
+
+    static func problem(userId: String?, field: String) -> String? {
+        guard let userId, !userId.isEmpty else {
+            return "\(field): must not be empty"
+        }
+        guard userId.utf8.count <= Self.maximumUserIdBytes else {
+            return "\(field): must be at most \(Self.maximumUserIdBytes) bytes, got \(userId.utf8.count)"
+        }
+        return nil
+    }
+
+    static func problem(entitlementIds: [String]) -> String? {
+        for (index, id) in entitlementIds.enumerated() where id.isEmpty || id.utf8.count > Self.maximumUserIdBytes {
+            return "entitlement_ids[\(index)]: must be 1 to \(Self.maximumUserIdBytes) bytes"
+        }
+        return nil
+    }
+}

@@ -3,7 +3,7 @@
 #               and serve it on 127.0.0.1:7420 from a data directory (writes are kept)
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
-# Other targets: deps, generate, check-generated, build, check-deploy, test-asan,
+# Other targets: deps, generate, check-generated, build, check-deploy, test-doors, test-asan,
 # bench-codec, bench-resolver, bench-store, bench-check (the microbenchmarks' malloc counts
 # against benchmarks/Thresholds), bench-thresholds (records them), fuzz (FUZZ_SECONDS
 # each; CI runs 60), clean.
@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
+.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -35,7 +35,7 @@ demo-data: deps
 	mkdir -p $(dir $(DEMO_SNAPSHOT))
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
-test: deps check-generated test-unit check-deploy test-asan
+test: deps check-generated test-unit check-deploy test-doors test-asan
 
 # Side by side with Redis (benchmarks/README.md); BENCH_FLAGS=--quick for a 2 s smoke run.
 bench: deps
@@ -44,7 +44,9 @@ bench: deps
 # Debian packages for protobuf-c (library, protoc-c), Google's protoc (used by the tests
 # and codegen) and pkg-config (SwiftPM finds libprotobuf-c with it); PostgreSQL's server
 # (the fleet tests start their own, docs/fleet.md); Python's protobuf package for
-# codegen/protoc-gen-swift-shim. Installs only what is missing.
+# codegen/protoc-gen-swift-shim; the doors' foreign clients (grpc-go with the protobuf 1.5
+# runtime and protoc-gen-go from Debian, curl; grpcio, grpcio-tools,
+# grpcio-health-checking and h2 from PyPI). Installs only what is missing.
 deps:
 	@missing=""; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
@@ -53,6 +55,11 @@ deps:
 	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
 	command -v python3 >/dev/null || missing="$$missing python3 python3-protobuf"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v go >/dev/null || missing="$$missing golang-go"; \
+	[ -d /usr/share/gocode/src/google.golang.org/grpc ] || missing="$$missing golang-google-grpc-dev"; \
+	[ -d /usr/share/gocode/src/github.com/golang/protobuf/proto ] || missing="$$missing golang-github-golang-protobuf-1-5-dev"; \
+	command -v protoc-gen-go >/dev/null || missing="$$missing protoc-gen-go"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make deps: installing$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
@@ -62,6 +69,8 @@ deps:
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-protobuf >/dev/null; }
 	@python3 -c 'import google.protobuf' \
 	  || { echo "make deps: python3 cannot import google.protobuf; install it with pip or apt (python3-protobuf)" >&2; exit 1; }
+	@python3 -c 'import grpc, grpc_tools, grpc_health.v1, h2' 2>/dev/null \
+	  || python3 -m pip install --quiet grpcio grpcio-tools grpcio-health-checking h2
 	@python3 -c 'import yaml' 2>/dev/null \
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-yaml >/dev/null; } \
 	  || python3 -m pip install --quiet pyyaml
@@ -83,6 +92,12 @@ test-unit: deps
 check-deploy: deps
 	$(SWIFT) build --product entitlements
 	python3 deploy/check.py .build/debug/entitlements
+
+# The gRPC and HTTP/JSON doors driven by real foreign clients: Python (grpcio), Go
+# (grpc-go from Debian) and curl (Tests/doors/run.sh, docs/doors.md).
+test-doors: deps
+	$(SWIFT) build --product entitlements
+	Tests/doors/run.sh .build/debug/entitlements
 
 # The shim's tests under AddressSanitizer (with LeakSanitizer): every unpacked message
 # and every arena chunk must be freed. A separate scratch path keeps the normal build.

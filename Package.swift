@@ -22,6 +22,7 @@ let package = Package(
         .library(name: "EntitlementsServer", targets: ["EntitlementsServer"]),
         .library(name: "EntitlementsClient", targets: ["EntitlementsClient"]),
         .library(name: "EntitlementsFleet", targets: ["EntitlementsFleet"]),
+        .library(name: "EntitlementsDoors", targets: ["EntitlementsDoors"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -33,6 +34,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
     ],
     targets: [
         // MARK: C: libprotobuf-c, the protoc-c output, and the arena shim.
@@ -144,6 +146,23 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The doors of docs/doors.md: gRPC and HTTP/JSON on one port (swift-nio-http2), thin
+        // transports over the server's service layer.
+        .target(
+            name: "EntitlementsDoors",
+            dependencies: [
+                "EntitlementsFormats",
+                "EntitlementsMessages",
+                "EntitlementsServer",
+                "EntitlementsStore",
+                "EntitlementsWire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+                .product(name: "NIOHPACK", package: "swift-nio-http2"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The operations behind `entitlements snapshot ...`, and synthetic data.
         .target(
             name: "EntitlementsTools",
@@ -167,6 +186,7 @@ let package = Package(
                 "EntitlementsServer",
                 "EntitlementsClient",
                 "EntitlementsFleet",
+                "EntitlementsDoors",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
@@ -252,6 +272,18 @@ let package = Package(
                 "EntitlementsWire",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsDoorsTests",
+            dependencies: [
+                "EntitlementsDoors",
+                "EntitlementsServer",
+                "EntitlementsStore",
+                "EntitlementsTools",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

@@ -2,6 +2,7 @@
 # Regenerates every file derived from proto/:
 #   Sources/CEntitlementsProto/          protoc-c's C structs and (un)packers
 #   Sources/EntitlementsMessages/Generated/  Swift value types over them (protoc-gen-swift-shim)
+#   Sources/EntitlementsFormats/Generated/   their decoders from protobuf's JSON mapping (the same, json)
 #
 #   codegen/generate.sh           rewrite the committed files
 #   codegen/generate.sh --check   regenerate into a temporary folder and fail if the
@@ -30,14 +31,18 @@ python3 -c 'import google.protobuf' 2>/dev/null \
 protos=(proto/entitlements/v1/types.proto proto/entitlements/v1/service.proto proto/entitlements/v1/storage.proto proto/grpc/health/v1/health.proto)
 c_target=Sources/CEntitlementsProto
 swift_dir=Sources/EntitlementsMessages/Generated
+json_dir=Sources/EntitlementsFormats/Generated
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/c" "$work/swift" "$work/out/$c_target/include" "$work/out/$swift_dir"
+mkdir -p "$work/c" "$work/swift" "$work/json" "$work/out/$c_target/include" "$work/out/$swift_dir" "$work/out/$json_dir"
 
 protoc-c -Iproto --c_out="$work/c" "${protos[@]}"
 protoc -Iproto --plugin=protoc-gen-swift-shim="$root/codegen/protoc-gen-swift-shim" \
   --swift-shim_out="$work/swift" "${protos[@]}"
+protoc -Iproto --plugin=protoc-gen-swift-shim="$root/codegen/protoc-gen-swift-shim" \
+  --swift-shim_out=json:"$work/json" "${protos[@]}"
+cp "$work/json/ProtoJSON.pb.swift" "$work/out/$json_dir/ProtoJSON.pb.swift"
 
 # protoc-c writes foo.pb-c.{c,h} side by side; SwiftPM wants public headers under include/.
 # The .c files include "entitlements/v1/foo.pb-c.h", which resolves against include/.
@@ -61,7 +66,7 @@ cp "$work/swift/AllMessages.pb.swift" "$work/out/$swift_dir/AllMessages.pb.swift
 
 if $check; then
   status=0
-  for dir in "$c_target" "$swift_dir"; do
+  for dir in "$c_target" "$swift_dir" "$json_dir"; do
     if ! diff -r -u "$dir" "$work/out/$dir"; then status=1; fi
   done
   if [ $status -ne 0 ]; then
@@ -70,8 +75,9 @@ if $check; then
   exit $status
 fi
 
-rm -rf "$c_target" "$swift_dir"
-mkdir -p "$(dirname "$c_target")" "$(dirname "$swift_dir")"
+rm -rf "$c_target" "$swift_dir" "$json_dir"
+mkdir -p "$(dirname "$c_target")" "$(dirname "$swift_dir")" "$(dirname "$json_dir")"
 cp -R "$work/out/$c_target" "$c_target"
 cp -R "$work/out/$swift_dir" "$swift_dir"
-echo "generate.sh: regenerated $c_target and $swift_dir"
+cp -R "$work/out/$json_dir" "$json_dir"
+echo "generate.sh: regenerated $c_target, $swift_dir and $json_dir"

@@ -109,6 +109,13 @@ def check_kubernetes(name):
     if settings.get("admin", "").rpartition(":")[2] != str(admin_port):
         problem(f"{path}: --admin {settings.get('admin')} does not listen on the admin port {admin_port}")
     for probe, expected in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")]:
+        grpc = sidecar.get(probe, {}).get("grpc")
+        if grpc is not None:
+            # grpc.health.v1 on the door (docs/doors.md): the door must be on, on that port.
+            door = settings.get("grpc-listen", "").replace("(none)", "")
+            if probe != "readinessProbe" or door.rpartition(":")[2] != str(grpc.get("port")):
+                problem(f"{path}: {probe} speaks gRPC to port {grpc.get('port')}, but --grpc-listen is {door or 'off'}")
+            continue
         get = sidecar.get(probe, {}).get("httpGet", {})
         if get.get("path") != expected or get.get("port") != "admin":
             problem(f"{path}: {probe} should GET {expected} on the admin port, has {get}")
@@ -119,6 +126,8 @@ def check_kubernetes(name):
     if grace < drain + pause:
         problem(f"{path}: terminationGracePeriodSeconds {grace} is shorter than preStop {pause} s + drain {drain} s")
     socket = settings.get("unix", "")
+    if socket in ("", "(none)"):
+        return check_limits(sidecar, path)
     mounts = {c: {m["name"]: m["mountPath"] for m in containers[c].get("volumeMounts", [])} for c in containers}
     shared = [name for name, mount in mounts["entitlements"].items() if socket.startswith(mount + "/")]
     if not shared or not all(mounts[c].get(shared[0]) == mounts["entitlements"][shared[0]] for c in containers):
@@ -126,6 +135,10 @@ def check_kubernetes(name):
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     if shared and "emptyDir" not in volumes.get(shared[0], {}):
         problem(f"{path}: the socket volume should be an emptyDir")
+    check_limits(sidecar, path)
+
+
+def check_limits(sidecar, path):
     memory = sidecar.get("resources", {}).get("limits", {}).get("memory", "")
     if not memory:
         problem(f"{path}: the sidecar has no memory limit")
@@ -193,6 +206,7 @@ def check_systemd():
 
 check_kubernetes("sidecar.yaml")
 check_kubernetes("fleet-sidecar.yaml")
+check_kubernetes("grpc-sidecar.yaml")
 check_dockerfile()
 check_systemd()
 if problems:

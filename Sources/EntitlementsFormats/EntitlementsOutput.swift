@@ -9,6 +9,10 @@ public enum EntitlementsOutput {
     /// A stale answer (a fleet server past its --max-staleness) has `"staleForMs": N` last;
     /// any other has no such key.
     public static func json(_ response: CheckEntitlementsResponse, pretty: Bool = true) -> String {
+        Self.checkValue(response).serialized(pretty: pretty)
+    }
+
+    static func checkValue(_ response: CheckEntitlementsResponse) -> JSONValue {
         var fields: [(String, JSONValue)] = [
             ("requestDate", .date(response.requestDate)),
             ("validUntil", .date(response.validUntil)),
@@ -17,7 +21,7 @@ public enum EntitlementsOutput {
         if response.staleForMs != 0 {
             fields.append(("staleForMs", .int(Int64(clamping: response.staleForMs))))
         }
-        return JSONValue.object(fields).serialized(pretty: pretty)
+        return JSONValue.object(fields)
     }
 
     static func json(_ entitlement: Entitlement) -> JSONValue {
@@ -62,6 +66,39 @@ public enum EntitlementsOutput {
             ("ownershipType", .name(transaction.ownershipType)),
             ("type", .name(transaction.type)),
         ])
+    }
+
+    /// A batch's answer as one JSON line: `{"results": [...]}`, one object per user in the
+    /// request's order, each the JSON of a single check with the user's `userId` and
+    /// `customerId` (null for an unknown user) first.
+    public static func json(_ response: BatchCheckEntitlementsResponse) -> String {
+        JSONValue.object([
+            ("results", .array(response.results.map { result in
+                var fields: [(String, JSONValue)] = [("userId", .string(result.userId)), ("customerId", .string(result.customerId))]
+                if case .object(let check) = Self.checkValue(result) {
+                    fields += check
+                }
+                return .object(fields)
+            })),
+        ]).serialized(pretty: false)
+    }
+
+    /// Health's answer as one JSON line.
+    public static func json(_ response: HealthResponse) -> String {
+        JSONValue.object([
+            ("status", .name(response.status)),
+            ("snapshotId", .string(response.snapshotId)),
+            ("uptimeMs", .int(Int64(clamping: response.uptimeMs))),
+            ("version", .string(response.version)),
+        ]).serialized(pretty: false)
+    }
+
+    /// Compact's answer as one JSON line.
+    public static func json(_ response: CompactResponse) -> String {
+        JSONValue.object([
+            ("snapshotId", .string(response.snapshotId)),
+            ("lastLogSequence", .int(Int64(clamping: response.lastLogSequence))),
+        ]).serialized(pretty: false)
     }
 
     /// A write's answer as one JSON line.

@@ -123,3 +123,13 @@ extension SubscriptionPeriod: JSONNamedEnum {
         }
     }
 }
+
+extension ServingStatus: JSONNamedEnum {
+    public var jsonName: String? {
+        switch self {
+        case .unknown: nil
+        case .serving: "serving"
+        case .notServing: "notServing"
+        }
+    }
+}

@@ -106,6 +106,26 @@ final class ServerServices: Sendable {
     }
 }
 
+/// A listener that speaks a protocol of its own beside the framed one (the gRPC and
+/// HTTP/JSON doors, docs/doors.md) over the same methods. The server binds it, counts its
+/// connections against --max-connections, tracks them for a drain (each gets
+/// `ChannelShouldQuiesceEvent`) and closes them at shutdown, as it does its own.
+public struct ServerDoor: Sendable {
+    /// Names the door in logs and in ``EntitlementsServer/doorAddresses``.
+    public var name: String
+    public var host: String
+    public var port: Int
+    /// Sets up an accepted connection's pipeline, on its event loop.
+    public var configure: @Sendable (any Channel, EntitlementMethods) throws -> Void
+
+    public init(name: String, host: String, port: Int, configure: @escaping @Sendable (any Channel, EntitlementMethods) throws -> Void) {
+        self.name = name
+        self.host = host
+        self.port = port
+        self.configure = configure
+    }
+}
+
 /// The framed RPC server of docs/PROTOCOL.md: listens on TCP and/or a Unix socket,
 /// decodes frames on the event loops, and answers from a ``ResolverPool``.
 public final class EntitlementsServer: Sendable {
@@ -113,6 +133,10 @@ public final class EntitlementsServer: Sendable {
     public let tcpAddress: SocketAddress?
     /// The Unix socket path, if any.
     public let unixSocketPath: String?
+    /// Where each door listens, by its name (the real port when configured with port 0).
+    public let doorAddresses: [String: SocketAddress]
+    /// The methods every transport of this server calls.
+    public let methods: EntitlementMethods
     /// The resolvers and their caches.
     public let pool: ResolverPool
     /// The customers: snapshot, log and the writes since the snapshot.
@@ -129,18 +153,21 @@ public final class EntitlementsServer: Sendable {
     private init(
         tcpAddress: SocketAddress?,
         unixSocketPath: String?,
-        services: ServerServices,
+        doorAddresses: [String: SocketAddress],
+        methods: EntitlementMethods,
         listeners: [any Channel],
         quiescing: [ServerQuiescingHelper],
         group: any EventLoopGroup
     ) {
         self.tcpAddress = tcpAddress
         self.unixSocketPath = unixSocketPath
-        self.pool = services.pool
-        self.services = services
+        self.doorAddresses = doorAddresses
+        self.methods = methods
+        self.pool = methods.services.pool
+        self.services = methods.services
         self.listeners = listeners
         self.quiescing = Mutex(quiescing)
-        self.health = services.health
+        self.health = methods.services.health
         self.group = group
     }
 
@@ -188,6 +215,7 @@ public final class EntitlementsServer: Sendable {
         warmAt instant: Int64? = nil,
         metrics: ServerMetrics = ServerMetrics(),
         logger: Logger = Logger(label: "entitlements.server"),
+        doors: [ServerDoor] = [],
         report: @escaping @Sendable (String) -> Void = { _ in }
     ) async throws -> EntitlementsServer {
         // By default the resolvers run on the connections' event loops, so a check whose
@@ -216,7 +244,11 @@ public final class EntitlementsServer: Sendable {
         // listener it was given only, so with one for both the Unix socket's connections
         // were never drained.
         var quiescing: [ServerQuiescingHelper] = []
-        func bootstrap() -> ServerBootstrap {
+        func bootstrap(_ configure: @escaping @Sendable (any Channel) throws -> Void = { channel in
+            try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods))
+        }, refuse: @escaping @Sendable (any Channel) throws -> Void = { channel in
+            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
+        }) -> ServerBootstrap {
             let helper = ServerQuiescingHelper(group: group)
             quiescing.append(helper)
             return ServerBootstrap(group: group)
@@ -232,7 +264,7 @@ public final class EntitlementsServer: Sendable {
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         guard services.connections.admit() else {
-                            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
+                            try refuse(channel)
                             return
                         }
                         services.metrics.connections.increment()
@@ -243,12 +275,13 @@ public final class EntitlementsServer: Sendable {
                             services.metrics.connections.decrement()
                             services.channels.withLock { $0[id] = nil }
                         }
-                        try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods))
+                        try configure(channel)
                     }
                 }
         }
         var listeners: [any Channel] = []
         var tcpAddress: SocketAddress?
+        var doorAddresses: [String: SocketAddress] = [:]
         do {
             if let tcp = configuration.tcp {
                 let channel = try await bootstrap().bind(host: tcp.host, port: tcp.port).get()
@@ -264,6 +297,18 @@ public final class EntitlementsServer: Sendable {
                 let channel = try await bootstrap().bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
                 listeners.append(channel)
             }
+            for door in doors {
+                let channel = try await bootstrap({ channel in
+                    try door.configure(channel, methods)
+                }, refuse: { channel in
+                    // Not framed: the door's protocol has no way to say why before it
+                    // starts, so the connection is closed (and the refusal logged).
+                    logger.info("connection refused", metadata: ["door": "\(door.name)", "connections": "\(configuration.maximumConnections)"])
+                    channel.close(promise: nil)
+                }).bind(host: door.host, port: door.port).get()
+                listeners.append(channel)
+                doorAddresses[door.name] = channel.localAddress
+            }
         } catch {
             for channel in listeners {
                 try? await channel.close()
@@ -273,7 +318,8 @@ public final class EntitlementsServer: Sendable {
         return EntitlementsServer(
             tcpAddress: tcpAddress,
             unixSocketPath: configuration.unixSocketPath,
-            services: services,
+            doorAddresses: doorAddresses,
+            methods: methods,
             listeners: listeners,
             quiescing: quiescing,
             group: group

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Dispatch
+import EntitlementsDoors
 import EntitlementsFleet
 import EntitlementsServer
 import EntitlementsStore
@@ -79,6 +80,8 @@ struct ServeCommand: AsyncParsableCommand {
     var drainTimeout: String?
     @Option(help: "Admin HTTP listener HOST:PORT for /healthz, /readyz and /metrics; off by default. Keep it on loopback.")
     var admin: String?
+    @Option(help: "The gRPC and HTTP/JSON door HOST:PORT (docs/doors.md): entitlements.v1.EntitlementService and grpc.health.v1.Health over gRPC, and JSON calls over HTTP/1.1 or HTTP/2; off by default.")
+    var grpcListen: String?
     @Option(help: "trace, debug, info (default), notice, warning, error or critical.")
     var logLevel: String?
     @Option(help: "How long a check with min_log_sequence waits for this server to apply it (default 100ms).")
@@ -109,7 +112,7 @@ struct ServeCommand: AsyncParsableCommand {
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
-            ("admin", self.admin), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
+            ("admin", self.admin), ("grpc-listen", self.grpcListen), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
             ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy), ("fleet-read-url", self.fleetReadUrl),
         ]
@@ -206,12 +209,16 @@ struct ServeCommand: AsyncParsableCommand {
                 configuration: configuration,
                 group: MultiThreadedEventLoopGroup(numberOfThreads: threads),
                 metrics: metrics,
-                logger: logger
+                logger: logger,
+                doors: try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1)] } ?? []
             ) { message in
                 logger.notice("\(message)")
             }
         } catch {
-            let places = [configuration.tcp.map { "\($0.host):\($0.port)" }, configuration.unixSocketPath.map { "unix:\($0)" }]
+            let places = [
+                configuration.tcp.map { "\($0.host):\($0.port)" }, configuration.unixSocketPath.map { "unix:\($0)" },
+                (try? settings.address("grpc-listen")).flatMap { $0 }.map { "--grpc-listen \($0.0):\($0.1)" },
+            ]
                 .compactMap { $0 }.joined(separator: " and ")
             Self.say("error: cannot listen on \(places): \(error)")
             throw ExitCode(2)
@@ -225,6 +232,9 @@ struct ServeCommand: AsyncParsableCommand {
         }
         if let path = server.unixSocketPath {
             Self.say("listening on unix:\(path)")
+        }
+        if let address = server.doorAddresses["grpc"] {
+            Self.say("grpc listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
         }
         readiness.set(.ready)
 

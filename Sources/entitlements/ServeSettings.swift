@@ -43,6 +43,7 @@ struct ServeSettings {
         Key(name: "frame-timeout", defaultValue: "10s", help: "a frame must arrive in full this long after its first byte"),
         Key(name: "drain-timeout", defaultValue: "30s", help: "on SIGTERM/SIGINT, time to finish accepted calls before cancelling"),
         Key(name: "admin", defaultValue: nil, help: "admin HTTP listener HOST:PORT for /healthz, /readyz, /metrics; off by default"),
+        Key(name: "grpc-listen", defaultValue: nil, help: "the gRPC and HTTP/JSON door HOST:PORT (docs/doors.md); off by default"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
         Key(name: "min-sequence-wait", defaultValue: "100ms", help: "how long a check with min_log_sequence waits for this server to apply it"),
         Key(name: "postgres", defaultValue: nil, help: "fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md)", variable: "ENTITLEMENTS_POSTGRES_URL"),
@@ -255,6 +256,7 @@ struct ServeSettings {
         _ = try self.bytes("compact-after")
         _ = try self.duration("drain-timeout")
         _ = try self.address("admin")
+        _ = try self.address("grpc-listen")
         _ = try self.logLevel()
         _ = try self.integer("threads", in: 1...1_024)
         return ServerConfiguration(

@@ -168,6 +168,8 @@ enum Fixtures {
         customerChange,
         aliasChange,
         replicatedWrite,
+        HealthCheckRequest(service: "entitlements.v1.EntitlementService"),
+        HealthCheckResponse(status: .notServing),
     ]
 
     static let customerChange = CustomerChange(customerId: "user-1", record: CustomerRecord(id: "user-1", aliases: ["legacy-7"], grants: [grant]))

@@ -88,7 +88,7 @@ enum Protoc {
     static let protoDirectory = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("proto")
-    static let files = ["types", "service", "storage"].map { "entitlements/v1/\($0).proto" }
+    static let files = ["types", "service", "storage"].map { "entitlements/v1/\($0).proto" } + ["grpc/health/v1/health.proto"]
 
     static func decode(_ bytes: [UInt8], as messageName: String) throws -> String {
         String(decoding: try self.run(["--decode=\(messageName)"], input: bytes), as: UTF8.self)

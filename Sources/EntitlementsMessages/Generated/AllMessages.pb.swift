@@ -33,4 +33,6 @@ let allProtobufMessageTypes: [any ProtobufMessage.Type] = [
     CustomerChange.self,
     AliasChange.self,
     ReplicatedWrite.self,
+    HealthCheckRequest.self,
+    HealthCheckResponse.self,
 ]

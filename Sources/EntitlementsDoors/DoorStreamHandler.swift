@@ -1,0 +1,537 @@
+import EntitlementsMessages
+import EntitlementsServer
+import EntitlementsWire
+import NIOCore
+import NIOHPACK
+import NIOHTTP1
+import NIOHTTP2
+
+/// One HTTP/2 stream of a door connection: one gRPC call (`application/grpc`), or one
+/// Connect-style JSON call (`application/json`). It reads the request, calls the service
+/// layer, and writes the answer; it holds no method logic.
+///
+/// gRPC on the wire (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md): the
+/// request HEADERS (`:path /entitlements.v1.EntitlementService/<Method>`, `grpc-timeout`),
+/// DATA with length-prefixed messages (a flag byte, 4 bytes of length, the message); the
+/// answer HEADERS (`:status 200`), DATA, and trailers with `grpc-status` and
+/// `grpc-message`, or trailers alone for a failure.
+final class DoorStreamHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTP2Frame.FramePayload
+    typealias OutboundOut = HTTP2Frame.FramePayload
+
+    private enum Kind {
+        case grpc
+        case json
+    }
+
+    private enum Route {
+        case method(MethodID)
+        case healthCheck
+        case healthWatch
+    }
+
+    private enum State {
+        /// Waiting for the request's HEADERS.
+        case idle
+        /// Reading the request's DATA.
+        case receiving
+        /// The request is in; the answer is being worked on, or streamed.
+        case answering
+        /// The answer's last frame is written.
+        case done
+    }
+
+    private let connection: DoorConnection
+    private var methods: EntitlementMethods { self.connection.methods }
+    private var context: ChannelHandlerContext!
+    private var state = State.idle
+    private var kind = Kind.grpc
+    private var route = Route.healthCheck
+    /// For metrics: the framed method id the call counts as.
+    private var metricMethod = MethodID.health
+    private var body = ByteBuffer()
+    private var start = NIODeadline.now()
+    private var deadline: NIODeadline?
+    private var deadlineTimer: Scheduled<Void>?
+    /// Closed when the stream goes (reset by the client, or the connection closed).
+    private let scope = ConnectionScope()
+    private var watch: WatchStream?
+    private var healthTimer: RepeatedTask?
+    private var lastHealth: HealthCheckServingStatus?
+    private var sentHeaders = false
+    private var inFlight = false
+
+    init(connection: DoorConnection) {
+        self.connection = connection
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        let id = try? context.channel.syncOptions?.getOption(HTTP2StreamChannelOptions.streamID)
+        self.connection.opened(self, id: id)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.ended()
+        self.context = nil
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.ended()
+        context.fireChannelInactive()
+    }
+
+    /// The stream is gone: work still queued for it is skipped, a watch stops.
+    private func ended() {
+        self.scope.close()
+        self.deadlineTimer?.cancel()
+        self.deadlineTimer = nil
+        self.healthTimer?.cancel()
+        self.healthTimer = nil
+        self.watch?.abandon()
+        self.watch = nil
+        if self.inFlight {
+            self.inFlight = false
+            self.methods.recordInFlight(-1)
+        }
+        self.connection.closed(self)
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            self.watch?.resume()
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    // MARK: Reading
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch self.unwrapInboundIn(data) {
+        case .headers(let headers):
+            if self.state == .idle {
+                self.requestHeaders(headers.headers, endStream: headers.endStream)
+            } else if headers.endStream, self.state == .receiving {
+                self.requestComplete()  // the client's trailers end the request
+            }
+        case .data(let data):
+            guard self.state == .receiving, case .byteBuffer(var bytes) = data.data else {
+                return
+            }
+            let limit = self.methods.configuration.maximumPayloadSize + (self.kind == .grpc ? 5 : 0)
+            guard self.body.readableBytes + bytes.readableBytes <= limit else {
+                let message = "the request is over \(self.methods.configuration.maximumPayloadSize) bytes, the largest message this server accepts"
+                if self.kind == .json {
+                    self.respondJSON(.payloadTooLarge, JSONMethods.errorBody(ServiceError(.resourceExhausted, message)), status: .resourceExhausted)
+                } else {
+                    self.fail(.resourceExhausted, message)
+                }
+                return
+            }
+            self.body.writeBuffer(&bytes)
+            if data.endStream {
+                self.requestComplete()
+            }
+        case .rstStream:
+            self.ended()  // the client cancelled: nothing more is sent
+            self.state = .done
+        default:
+            break
+        }
+    }
+
+    private func requestHeaders(_ headers: HPACKHeaders, endStream: Bool) {
+        self.start = .now()
+        self.state = .receiving
+        let path = headers.first(name: ":path") ?? ""
+        let contentType = headers.first(name: "content-type")
+        if let contentType, contentType.lowercased().hasPrefix("application/grpc") {
+            self.kind = .grpc
+            let subtype = contentType.lowercased().dropFirst("application/grpc".count)
+            guard subtype.isEmpty || subtype == "+proto" || subtype.hasPrefix(";") else {
+                self.refuseHTTP(.unsupportedMediaType, "content-type \(contentType) is not served: send application/grpc (protobuf)")
+                return
+            }
+        } else if JSONMethods.isJSON(contentType) {
+            self.kind = .json
+        } else {
+            self.refuseHTTP(.unsupportedMediaType, "content-type \(contentType ?? "(none)") is not served: send application/grpc, or application/json for the JSON door")
+            return
+        }
+        guard headers.first(name: ":method") == "POST" else {
+            self.refuseHTTP(.methodNotAllowed, "\(headers.first(name: ":method") ?? "?") \(path): calls are POST")
+            return
+        }
+        if self.kind == .grpc, let encoding = headers.first(name: "grpc-encoding"), encoding != "identity" {
+            self.fail(.unimplemented, "grpc-encoding \(encoding) is not supported: this server reads uncompressed messages only (grpc-accept-encoding: identity)")
+            return
+        }
+        if let method = DoorRoutes.method(path: path) {
+            self.route = .method(method)
+            self.metricMethod = method
+        } else if self.kind == .grpc, path == DoorRoutes.healthPrefix + "Check" {
+            self.route = .healthCheck
+        } else if self.kind == .grpc, path == DoorRoutes.healthPrefix + "Watch" {
+            self.route = .healthWatch
+        } else {
+            self.fail(.unimplemented, "unknown method \(path); this server serves /entitlements.v1.EntitlementService/<method> and /grpc.health.v1.Health/Check and Watch")
+            return
+        }
+        if self.connection.draining {
+            self.fail(.unavailable, "the server is shutting down; retry on another server")
+            return
+        }
+        switch self.timeout(headers) {
+        case .success(let timeout):
+            if let timeout {
+                self.deadline = self.start + timeout
+            }
+        case .failure(let error):
+            self.fail(error.status, error.message)
+            return
+        }
+        self.inFlight = true
+        self.methods.recordInFlight(1)
+        if let deadline = self.deadline, !self.isStream {
+            self.deadlineTimer = self.context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+                self.deadlineTimer = nil
+                self.scope.close()
+                self.fail(.deadlineExceeded, "the deadline passed before the answer was ready")
+            }
+        }
+        if endStream {
+            self.requestComplete()
+        }
+    }
+
+    private var isStream: Bool {
+        switch self.route {
+        case .method(let method): method == .watchEntitlements
+        case .healthWatch: true
+        case .healthCheck: false
+        }
+    }
+
+    /// `grpc-timeout` (gRPC) or `connect-timeout-ms` (JSON) as a duration; nil for none.
+    private func timeout(_ headers: HPACKHeaders) -> Result<TimeAmount?, ServiceError> {
+        switch self.kind {
+        case .grpc:
+            guard let text = headers.first(name: "grpc-timeout") else {
+                return .success(nil)
+            }
+            guard let unit = text.last, text.count >= 2, text.count <= 9, let value = Int64(text.dropLast()), value >= 0 else {
+                return .failure(ServiceError(.invalidArgument, "grpc-timeout \"\(text)\" is malformed: 1 to 8 digits and a unit of H, M, S, m, u or n"))
+            }
+            switch unit {
+            case "H": return .success(.hours(value))
+            case "M": return .success(.minutes(value))
+            case "S": return .success(.seconds(value))
+            case "m": return .success(.milliseconds(value))
+            case "u": return .success(.microseconds(value))
+            case "n": return .success(.nanoseconds(value))
+            default: return .failure(ServiceError(.invalidArgument, "grpc-timeout \"\(text)\": unknown unit \(unit)"))
+            }
+        case .json:
+            guard let text = headers.first(name: "connect-timeout-ms") else {
+                return .success(nil)
+            }
+            guard let value = Int64(text), value >= 0, text.count <= 10 else {
+                return .failure(ServiceError(.invalidArgument, "connect-timeout-ms \"\(text)\" is not a whole number of milliseconds"))
+            }
+            return .success(.milliseconds(value))
+        }
+    }
+
+    // MARK: Calling
+
+    private func requestComplete() {
+        guard self.state == .receiving else {
+            return
+        }
+        self.state = .answering
+        let context = CallContext(eventLoop: self.context.eventLoop, deadline: self.deadline, scope: self.scope)
+        if self.kind == .json {
+            guard case .method(let method) = self.route else {
+                return
+            }
+            self.answer(JSONMethods.call(method, body: self.body, methods: self.methods, context: context, draining: self.connection.draining)) { handler, json in
+                handler.respondJSON(.ok, json)
+            }
+            return
+        }
+        let message: ByteBuffer
+        switch Self.message(in: self.body) {
+        case .success(let bytes): message = bytes
+        case .failure(let error):
+            self.fail(error.status, error.message)
+            return
+        }
+        switch self.route {
+        case .method(.watchEntitlements):
+            self.watch(message, context)
+        case .method(let method):
+            self.answer(self.methods.unary(method, request: message, context, draining: self.connection.draining)) { handler, answer in
+                handler.respondMessage(answer)
+            }
+        case .healthCheck:
+            switch self.healthStatus(message) {
+            case .success(let status):
+                self.respondMessage(Self.encode(HealthCheckResponse(status: status)))
+            case .failure(let error):
+                self.fail(error.status, error.message)
+            }
+        case .healthWatch:
+            self.healthWatch(message)
+        }
+    }
+
+    /// The one message of a gRPC request body.
+    private static func message(in body: ByteBuffer) -> Result<ByteBuffer, ServiceError> {
+        var body = body
+        guard let flag = body.readInteger(as: UInt8.self), let length = body.readInteger(as: UInt32.self) else {
+            return .failure(ServiceError(.invalidArgument, "the request has no message: a unary call carries exactly one"))
+        }
+        guard flag == 0 else {
+            return .failure(ServiceError(.unimplemented, "the request message is compressed (flag \(flag)); this server reads uncompressed messages only"))
+        }
+        guard let message = body.readSlice(length: Int(length)) else {
+            return .failure(ServiceError(.invalidArgument, "the request message is cut short: \(length) bytes announced, \(body.readableBytes) sent"))
+        }
+        guard body.readableBytes == 0 else {
+            return .failure(ServiceError(.invalidArgument, "the request has more than one message: a unary call carries exactly one"))
+        }
+        return .success(message)
+    }
+
+    private func answer<Value>(_ result: MethodResult<Value>, _ respond: @escaping (DoorStreamHandler, Value) -> Void) {
+        switch result {
+        case .now(.success(let value)):
+            respond(self, value)
+        case .now(.failure(let error)):
+            self.fail(error.status, error.message)
+        case .later(let future):
+            future.assumeIsolated().whenSuccess { result in
+                guard self.context != nil, self.state == .answering else {
+                    return  // timed out or cancelled meanwhile
+                }
+                switch result {
+                case .success(let value): respond(self, value)
+                case .failure(let error): self.fail(error.status, error.message)
+                }
+            }
+        }
+    }
+
+    // MARK: Streams
+
+    private func watch(_ message: ByteBuffer, _ context: CallContext) {
+        let request: WatchEntitlementsRequest
+        do {
+            request = try WatchEntitlementsRequest(buffer: message)
+        } catch {
+            self.fail(.invalidArgument, "\(error)")
+            return
+        }
+        let sink = WatchSink(
+            send: { [unowned self] event in
+                self.sendMessage(event, flush: true)
+                return self.context?.channel.isWritable ?? false
+            },
+            end: { [unowned self] status, message in
+                self.watch = nil
+                self.finish(status, message)
+            }
+        )
+        switch self.methods.watchEntitlements(request, context, sink: sink) {
+        case .success(let watch):
+            if !watch.isFinished {
+                self.watch = watch
+            }
+        case .failure(let error):
+            self.fail(error.status, error.message)
+        }
+    }
+
+    /// The status grpc.health.v1 reports for the service a request names.
+    private func healthStatus(_ message: ByteBuffer) -> Result<HealthCheckServingStatus, ServiceError> {
+        let request: HealthCheckRequest
+        do {
+            request = try HealthCheckRequest(buffer: message)
+        } catch {
+            return .failure(ServiceError(.invalidArgument, "\(error)"))
+        }
+        switch request.service ?? "" {
+        case "", "entitlements.v1.EntitlementService":
+            return .success(self.methods.isServing(draining: self.connection.draining) ? .serving : .notServing)
+        case let service:
+            return .failure(ServiceError(.notFound, "unknown service \"\(service)\"; this server reports \"\" and \"entitlements.v1.EntitlementService\""))
+        }
+    }
+
+    /// grpc.health.v1.Health/Watch: the status now, then each change (checked every
+    /// second); an unknown service is SERVICE_UNKNOWN, as the protocol says.
+    private func healthWatch(_ message: ByteBuffer) {
+        let status: HealthCheckServingStatus
+        switch self.healthStatus(message) {
+        case .success(let current): status = current
+        case .failure(let error) where error.status == .notFound: status = .serviceUnknown
+        case .failure(let error):
+            self.fail(error.status, error.message)
+            return
+        }
+        self.lastHealth = status
+        self.sendMessage(Self.encode(HealthCheckResponse(status: status)), flush: true)
+        guard status != .serviceUnknown else {
+            return
+        }
+        let handler = NIOLoopBound(self, eventLoop: self.context.eventLoop)
+        self.healthTimer = self.context.eventLoop.scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in
+            let handler = handler.value
+            guard handler.context != nil, handler.state == .answering else {
+                return
+            }
+            let now: HealthCheckServingStatus = handler.methods.isServing(draining: handler.connection.draining) ? .serving : .notServing
+            if now != handler.lastHealth {
+                handler.lastHealth = now
+                handler.sendMessage(Self.encode(HealthCheckResponse(status: now)), flush: true)
+            }
+        }
+    }
+
+    /// The server drains: a watch ends (after telling a health watcher NOT_SERVING); a
+    /// unary call finishes as usual.
+    func drain() {
+        guard self.state == .answering else {
+            return
+        }
+        if let watch = self.watch {
+            watch.finish(.unavailable, "the server is shutting down; resubscribe")
+        } else if case .healthWatch = self.route {
+            if self.lastHealth != .notServing {
+                self.sendMessage(Self.encode(HealthCheckResponse(status: .notServing)), flush: false)
+            }
+            self.finish(.unavailable, "the server is shutting down")
+        }
+    }
+
+    // MARK: Writing
+
+    private static func encode(_ message: some ProtobufMessage) -> ByteBuffer {
+        var buffer = ByteBuffer()
+        try? message.serialize(into: &buffer)  // these small messages always encode
+        return buffer
+    }
+
+    private func responseHeaders() {
+        guard !self.sentHeaders else {
+            return
+        }
+        self.sentHeaders = true
+        let headers: HPACKHeaders = [":status": "200", "content-type": "application/grpc"]
+        self.context.write(self.wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
+    }
+
+    private func sendMessage(_ message: ByteBuffer, flush: Bool) {
+        guard let context = self.context else {
+            return
+        }
+        self.responseHeaders()
+        var framed = context.channel.allocator.buffer(capacity: 5 + message.readableBytes)
+        framed.writeInteger(UInt8(0))
+        framed.writeInteger(UInt32(message.readableBytes))
+        framed.writeImmutableBuffer(message)
+        context.write(self.wrapOutboundOut(.data(.init(data: .byteBuffer(framed)))), promise: nil)
+        if flush {
+            context.flush()
+        }
+    }
+
+    /// A unary call's answer: headers, the message, trailers with OK.
+    private func respondMessage(_ message: ByteBuffer) {
+        self.sendMessage(message, flush: false)
+        self.finish(.ok, "")
+    }
+
+    /// Ends the call with `status`: trailers (or, before any message, trailers only).
+    private func finish(_ status: StatusCode, _ message: String) {
+        guard let context = self.context, self.state != .done else {
+            return
+        }
+        self.state = .done
+        self.deadlineTimer?.cancel()
+        self.deadlineTimer = nil
+        self.healthTimer?.cancel()
+        self.healthTimer = nil
+        self.methods.recordAnswer(self.metricMethod, status, since: self.start)
+        if self.inFlight {
+            self.inFlight = false
+            self.methods.recordInFlight(-1)
+        }
+        var trailers: HPACKHeaders = [:]
+        if !self.sentHeaders {
+            self.sentHeaders = true
+            trailers.add(name: ":status", value: "200")
+            trailers.add(name: "content-type", value: "application/grpc")
+        }
+        trailers.add(name: "grpc-status", value: String(status.rawValue))
+        if !message.isEmpty {
+            trailers.add(name: "grpc-message", value: Self.percentEncoded(message))
+        }
+        context.writeAndFlush(self.wrapOutboundOut(.headers(.init(headers: trailers, endStream: true))), promise: nil)
+    }
+
+    /// A failed call, in the stream's protocol.
+    private func fail(_ status: StatusCode, _ message: String) {
+        if self.kind == .json {
+            self.respondJSON(JSONMethods.httpStatus(status), JSONMethods.errorBody(ServiceError(status, message)), status: status)
+        } else {
+            self.watch?.abandon()
+            self.watch = nil
+            self.finish(status, message)
+        }
+    }
+
+    /// A JSON call's answer (Connect's unary protocol): the HTTP status, the JSON body.
+    private func respondJSON(_ httpStatus: HTTPResponseStatus, _ json: String, status: StatusCode = .ok) {
+        guard let context = self.context, self.state != .done else {
+            return
+        }
+        self.state = .done
+        self.deadlineTimer?.cancel()
+        self.deadlineTimer = nil
+        self.methods.recordAnswer(self.metricMethod, status, since: self.start)
+        if self.inFlight {
+            self.inFlight = false
+            self.methods.recordInFlight(-1)
+        }
+        let body = ByteBuffer(string: json)
+        let headers: HPACKHeaders = [
+            ":status": String(httpStatus.code),
+            "content-type": "application/json",
+            "content-length": String(body.readableBytes),
+        ]
+        context.write(self.wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
+        context.writeAndFlush(self.wrapOutboundOut(.data(.init(data: .byteBuffer(body), endStream: true))), promise: nil)
+    }
+
+    /// Not a call this door serves at the HTTP level (wrong method or content-type): a
+    /// plain HTTP error, as the gRPC protocol asks for a content-type it does not know.
+    private func refuseHTTP(_ httpStatus: HTTPResponseStatus, _ message: String) {
+        self.kind = .json
+        let status: StatusCode = httpStatus == .unsupportedMediaType ? .invalidArgument : .unimplemented
+        self.respondJSON(httpStatus, JSONMethods.errorBody(ServiceError(status, message)), status: status)
+    }
+
+    /// `grpc-message`'s percent-encoding: bytes outside printable ASCII, and `%`, as %XX.
+    static func percentEncoded(_ text: String) -> String {
+        var out = ""
+        for byte in text.utf8 {
+            if byte >= 0x20, byte <= 0x7E, byte != UInt8(ascii: "%") {
+                out.unicodeScalars.append(Unicode.Scalar(byte))
+            } else {
+                out += "%" + (byte < 16 ? "0" : "") + String(byte, radix: 16, uppercase: true)
+            }
+        }
+        return out
+    }
+}

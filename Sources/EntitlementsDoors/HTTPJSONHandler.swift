@@ -1,0 +1,205 @@
+import EntitlementsServer
+import EntitlementsWire
+import NIOCore
+import NIOHTTP1
+
+/// The JSON door over HTTP/1.1 (what curl speaks by default): `POST
+/// /entitlements.v1.EntitlementService/<Method>` with a JSON body, one call at a time per
+/// connection (NIO's pipelining handler queues the next request until this one is
+/// answered). gRPC needs HTTP/2: a gRPC content-type here is refused with 415 and a message
+/// that says so.
+final class HTTPJSONHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let methods: EntitlementMethods
+    private let scope = ConnectionScope()
+    private var head: HTTPRequestHead?
+    private var method: MethodID?
+    private var body = ByteBuffer()
+    /// The request being read or answered has been answered (perhaps early: refused
+    /// before its body arrived), and read to its end.
+    private var answered = false
+    private var readEnd = false
+    private var busy = false
+    private var draining = false
+    private var start = NIODeadline.now()
+    private var deadlineTimer: Scheduled<Void>?
+    private var idleTimer: Scheduled<Void>?
+    private var generation = 0
+
+    init(methods: EntitlementMethods) {
+        self.methods = methods
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.armIdleTimer(context: context)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.scope.close()
+        self.deadlineTimer?.cancel()
+        self.idleTimer?.cancel()
+    }
+
+    private func armIdleTimer(context: ChannelHandlerContext) {
+        self.idleTimer?.cancel()
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        self.idleTimer = context.eventLoop.scheduleTask(in: self.methods.configuration.idleTimeout) {
+            loopBound.value.close(promise: nil)
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch self.unwrapInboundIn(data) {
+        case .head(let head):
+            self.idleTimer?.cancel()
+            self.head = head
+            self.body.clear()
+            self.answered = false
+            self.readEnd = false
+            self.busy = true
+            self.start = .now()
+            self.method = DoorRoutes.method(path: String(head.uri.split(separator: "?", maxSplits: 1).first ?? ""))
+            if let problem = self.refusal(head) {
+                self.respond(context: context, problem.http, JSONMethods.errorBody(problem.error), status: problem.error.status)
+            }
+        case .body(var bytes):
+            guard !self.answered else {
+                return
+            }
+            guard self.body.readableBytes + bytes.readableBytes <= self.methods.configuration.maximumPayloadSize else {
+                let message = "the request is over \(self.methods.configuration.maximumPayloadSize) bytes, the largest body this server accepts"
+                self.respond(context: context, .payloadTooLarge, JSONMethods.errorBody(ServiceError(.resourceExhausted, message)), status: .resourceExhausted, close: true)
+                return
+            }
+            self.body.writeBuffer(&bytes)
+        case .end:
+            self.readEnd = true
+            guard !self.answered, let method = self.method, let head = self.head else {
+                self.requestDone(context: context)
+                return
+            }
+            self.call(context: context, method, head)
+        }
+    }
+
+    /// What refuses a request before its body is read: the method, the content-type, the route.
+    private func refusal(_ head: HTTPRequestHead) -> (http: HTTPResponseStatus, error: ServiceError)? {
+        let path = head.uri
+        let contentType = head.headers.first(name: "content-type")
+        if let contentType, contentType.lowercased().hasPrefix("application/grpc") {
+            return (.unsupportedMediaType, ServiceError(.invalidArgument, "gRPC needs HTTP/2 (this request came over HTTP/1.1); use a gRPC client, or send application/json"))
+        }
+        guard head.method == .POST else {
+            return (.methodNotAllowed, ServiceError(.unimplemented, "\(head.method) \(path): calls are POST with a JSON body (docs/doors.md)"))
+        }
+        guard self.method != nil else {
+            return (.notFound, ServiceError(.unimplemented, "unknown method \(path); this door serves POST /entitlements.v1.EntitlementService/<method>"))
+        }
+        guard JSONMethods.isJSON(contentType) else {
+            return (.unsupportedMediaType, ServiceError(.invalidArgument, "content-type \(contentType ?? "(none)") is not served: send application/json"))
+        }
+        if let text = head.headers.first(name: "connect-timeout-ms"), Int64(text).map({ $0 < 0 }) ?? true {
+            return (.badRequest, ServiceError(.invalidArgument, "connect-timeout-ms \"\(text)\" is not a whole number of milliseconds"))
+        }
+        return nil
+    }
+
+    private func call(context: ChannelHandlerContext, _ method: MethodID, _ head: HTTPRequestHead) {
+        let deadline = head.headers.first(name: "connect-timeout-ms").flatMap { Int64($0) }.map { self.start + .milliseconds($0) }
+        self.generation += 1
+        let generation = self.generation
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        if let deadline {
+            self.deadlineTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+                guard self.generation == generation, !self.answered else {
+                    return
+                }
+                let error = ServiceError(.deadlineExceeded, "the deadline passed before the answer was ready")
+                self.respond(context: loopBound.value, .gatewayTimeout, JSONMethods.errorBody(error), status: error.status)
+            }
+        }
+        self.methods.recordInFlight(1)
+        let callContext = CallContext(eventLoop: context.eventLoop, deadline: deadline, scope: self.scope)
+        let result = JSONMethods.call(method, body: self.body, methods: self.methods, context: callContext, draining: self.draining)
+        let finish: (Result<String, ServiceError>) -> Void = { result in
+            self.methods.recordInFlight(-1)
+            guard self.generation == generation, !self.answered else {
+                return  // timed out meanwhile
+            }
+            switch result {
+            case .success(let json):
+                self.respond(context: loopBound.value, .ok, json, status: .ok)
+            case .failure(let error):
+                self.respond(context: loopBound.value, JSONMethods.httpStatus(error.status), JSONMethods.errorBody(error), status: error.status)
+            }
+        }
+        switch result {
+        case .now(let result):
+            finish(result)
+        case .later(let future):
+            future.assumeIsolated().whenSuccess(finish)
+        }
+    }
+
+    private func respond(context: ChannelHandlerContext, _ httpStatus: HTTPResponseStatus, _ json: String, status: StatusCode, close: Bool = false) {
+        guard !self.answered, let head = self.head else {
+            return
+        }
+        self.answered = true
+        self.deadlineTimer?.cancel()
+        self.deadlineTimer = nil
+        self.methods.recordAnswer(self.method ?? .health, status, since: self.start)
+        let body = ByteBuffer(string: json)
+        let keepAlive = head.isKeepAlive && !close && !self.draining
+        var headers: HTTPHeaders = [
+            "content-type": "application/json",
+            "content-length": String(body.readableBytes),
+        ]
+        headers.add(name: "connection", value: keepAlive ? "keep-alive" : "close")
+        context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: httpStatus, headers: headers))), promise: nil)
+        context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+        let written = context.writeAndFlush(self.wrapOutboundOut(.end(nil)))
+        if !keepAlive {
+            let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            written.whenComplete { _ in loopBound.value.close(promise: nil) }
+        }
+        if self.readEnd {
+            self.requestDone(context: context)
+        }
+    }
+
+    /// The request is read and answered: the connection waits for the next, or closes
+    /// when the server drains.
+    private func requestDone(context: ChannelHandlerContext) {
+        self.busy = false
+        if self.draining {
+            context.close(promise: nil)
+            return
+        }
+        self.armIdleTimer(context: context)
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ChannelShouldQuiesceEvent {
+            self.draining = true
+            if !self.busy {
+                context.close(promise: nil)  // else once the call in progress is answered
+            }
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    /// A request NIO could not parse (answered 400 by its error handler) ends the
+    /// connection, as does any other error on it; other connections are untouched.
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.scope.close()
+        context.fireChannelInactive()
+    }
+}

@@ -245,7 +245,7 @@ public final class EntitlementsServer: Sendable {
         // were never drained.
         var quiescing: [ServerQuiescingHelper] = []
         func bootstrap(_ configure: @escaping @Sendable (any Channel) throws -> Void = { channel in
-            try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods))
+            try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods, eventLoop: channel.eventLoop))
         }, refuse: @escaping @Sendable (any Channel) throws -> Void = { channel in
             try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
         }) -> ServerBootstrap {

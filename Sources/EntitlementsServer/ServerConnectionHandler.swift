@@ -22,8 +22,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// The methods this transport carries (the service layer).
     private let methods: EntitlementMethods
-    private var services: ServerServices { self.methods.services }
-    private var configuration: ServerConfiguration { self.methods.configuration }
+    /// The methods' services and settings, held here too: read on every frame.
+    private let services: ServerServices
+    private let configuration: ServerConfiguration
     /// Frames are decoded here, not by a ByteToMessageHandler before this handler: no
     /// pipeline hop and no NIOAny box per frame.
     private let frames: NIOSingleStepByteToMessageProcessor<FrameDecoder>
@@ -64,7 +65,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var lastRequestID: UInt64 = 0
     private var draining = false
     /// Tells resolvers on other loops when this connection has closed.
-    private let scope = ConnectionScope()
+    private let scope: ConnectionScope = ConnectionScope()
     /// Set after a connection error, or when a drained connection closes: no more frames are read.
     private var closing = false
     /// Reads stop while too many calls are in flight, or while the socket cannot take
@@ -76,8 +77,15 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var outgoing = ByteBuffer()
     private var context: ChannelHandlerContext!
 
-    init(methods: EntitlementMethods) {
+    /// The context of a call without a deadline, made once: a check passes it as it is, so
+    /// the hot path retains neither the loop nor the scope.
+    private let plainCall: CallContext
+
+    init(methods: EntitlementMethods, eventLoop: any EventLoop) {
         self.methods = methods
+        self.plainCall = CallContext(eventLoop: eventLoop, deadline: nil, scope: self.scope)
+        self.services = methods.services
+        self.configuration = methods.configuration
         self.frames = NIOSingleStepByteToMessageProcessor(FrameDecoder(maximumPayloadSize: methods.configuration.maximumPayloadSize))
     }
 
@@ -269,7 +277,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// The call's context: this connection's loop and scope, and the frame's deadline.
     private func callContext(_ deadline: NIODeadline?) -> CallContext {
-        CallContext(eventLoop: self.context.eventLoop, deadline: deadline, scope: self.scope)
+        deadline == nil ? self.plainCall : CallContext(eventLoop: self.context.eventLoop, deadline: deadline, scope: self.scope)
     }
 
     private func check(_ frame: Frame, deadline: NIODeadline?) {
@@ -281,7 +289,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return
         }
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        switch self.methods.checkEntitlements(request, self.callContext(deadline)) {
+        let result = deadline == nil
+            ? self.methods.checkEntitlements(request, self.plainCall)
+            : self.methods.checkEntitlements(request, self.callContext(deadline))
+        switch result {
         case .now(.success(let answer)):
             // The hot path: written straight into the outgoing bytes, nothing pending.
             self.answer(Call(timer: nil, method: self.current.method, start: self.current.start), requestID) { buffer in

@@ -74,6 +74,7 @@ public final class EntitlementMethods: Sendable {
     /// CheckEntitlements. A cache hit whose resolver runs on the caller's loop is answered
     /// `.now`; anything else (another loop's resolver, an alias owned by another resolver,
     /// a `min_log_sequence` wait) `.later`.
+    @inline(__always)  // into each transport's check: the hot path stays one function
     public func checkEntitlements(_ request: CheckEntitlementsRequest, _ context: CallContext) -> MethodResult<CheckAnswer> {
         if let problem = Validation.problem(userId: request.userId, field: "user_id") ?? Validation.problem(entitlementIds: request.entitlementIds) {
             return .failure(.invalidArgument, problem)
@@ -475,6 +476,7 @@ public struct CheckAnswer: Sendable {
 
     static let stoppingMessage = "the server stopped before this check ran; retry on another server"
 
+    @inline(__always)
     static func make(_ outcome: CheckOutcome, query: CheckQuery, staleForMilliseconds: UInt64) -> Result<CheckAnswer, ServiceError> {
         switch outcome {
         case .answer(let answer, let customerId, let fromCache):

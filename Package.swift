@@ -281,6 +281,7 @@ let package = Package(
             name: "EntitlementsDoorsTests",
             dependencies: [
                 "EntitlementsDoors",
+                "EntitlementsMessages",
                 "EntitlementsServer",
                 "EntitlementsStore",
                 "EntitlementsTools",

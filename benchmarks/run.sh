@@ -31,7 +31,7 @@ else
   COLD_CUSTOMERS=5000000; COLD_CACHE=64MiB
 fi
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491; GRPC_PORT=7493
+PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491; GRPC_PORT=7493; DOOR_PORT=7494
 
 # 1. What is missing.
 make deps >/dev/null
@@ -55,7 +55,8 @@ GRPC=benchmarks/.build/release/GRPCPeer
 
 # 3. Data: the same customers for every system; a large set for the cold profile.
 WORK=$(mktemp -d)
-rm -rf "$OUT"; mkdir -p "$OUT"
+# Only this harness's files: fleet.sh keeps its results in a folder of the same date.
+mkdir -p "$OUT"; find "$OUT" -maxdepth 1 -type f -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
 
@@ -123,6 +124,14 @@ for ROUND in $(seq 1 $RUNS); do
   PIDS+=($!)
   wait_for "$WORK/grpc.log" "listening on"
   shared_profiles grpc --target grpc --port $GRPC_PORT
+  stop
+
+  # 7b. Our own gRPC door (docs/doors.md, swift-nio-http2) on the same snapshot, driven by
+  # the same gRPC client as the peer: the same methods behind HTTP/2 instead of frames.
+  $SERVER_CPU $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --grpc-listen 127.0.0.1:$DOOR_PORT $THREADS > "$WORK/serve-door.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/serve-door.log" "grpc listening on"
+  shared_profiles door --target grpc --port $DOOR_PORT
   stop
 
   # 8. Profile 6: 95% checks, 5% writes, on a data directory (group commit).

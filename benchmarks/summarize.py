@@ -31,7 +31,7 @@ for path in sorted(glob.glob(os.path.join(folder, "*-run*.json"))):
     summary["path"] = path[:-5]
     runs.setdefault((match.group(1), match.group(2)), []).append(summary)
 
-SYSTEMS = ["redis", "grpc", "entitlements"]
+SYSTEMS = ["redis", "grpc", "door", "entitlements"]
 PROFILES = [
     ("p1", "1 connection x 1 in flight (latency floor)"),
     ("p2", "50 connections x 1 (throughput)"),
@@ -105,6 +105,9 @@ lines = [
     if arguments.quick
     else f"Each profile: 2 s warm-up, 10 s measured, 100,000 customers, uniform keys; {rounds} rounds, systems in turn within each round. "
     "Every figure is the median over the rounds (each column separately); `runs` lists each round's throughput.",
+    "Systems: `redis` (Redis, each answer's bytes as a string), `grpc` (the gRPC peer: our resolvers behind grpc-swift-2), "
+    "`door` (this service's own gRPC door, `serve --grpc-listen`, on swift-nio-http2; docs/doors.md), `entitlements` (the framed protocol). "
+    "`grpc` and `door` are driven by the same gRPC client (LoadGen on grpc-swift-2).",
     "Latency in microseconds. Open loop (p4) latency is measured from each request's scheduled send time.",
     "",
     "`CPU` is the share of one core the server and the load generator used in the measured window: a side near 100% was the limit.",
@@ -121,7 +124,7 @@ for profile, title in PROFILES:
         versus_redis = versus_grpc = ""
         if system != "redis" and redis:
             versus_redis = f"{ratio(run['throughput'], redis['throughput'])}, {ratio(run['p99'], redis['p99'])}"
-        if system == "entitlements" and grpc:
+        if system in ("entitlements", "door") and grpc:
             versus_grpc = f"{ratio(run['throughput'], grpc['throughput'])}, {ratio(run['p99'], grpc['p99'])}"
         each = " / ".join(f"{t:,.0f}" for t in run["each"])
         lines.append(
@@ -202,7 +205,7 @@ with open(os.path.join(folder, "summary.md"), "w") as file:
     file.write("\n".join(lines) + "\n")
 print("\n".join(lines))
 
-# The plot: latency by percentile, p2 (closed loop) and p4 (open loop), the three systems.
+# The plot: latency by percentile, p2 (closed loop) and p4 (open loop), every system.
 try:
     import matplotlib
 
@@ -229,7 +232,7 @@ def distribution(path):
 
 figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
 for axis, profile in zip(axes, ["p2", "p4"]):
-    for system, style in [("redis", "--"), ("grpc", ":"), ("entitlements", "-")]:
+    for system, style in [("redis", "--"), ("grpc", ":"), ("door", "-."), ("entitlements", "-")]:
         run = median(system, profile)
         if run and os.path.exists(run["path"] + ".hgrm"):
             points = distribution(run["path"] + ".hgrm")

@@ -13,7 +13,7 @@ final class DoorConnection {
     private(set) var lastStreamID = HTTP2StreamID(0)
     /// When the last stream closed (for the idle timeout); nil while streams are open.
     private(set) var idleSince: NIODeadline? = .now()
-    /// Closes the connection (set by ``DoorConnectionHandler``).
+    /// Closes the connection gracefully, soon (set by ``DoorConnectionHandler``).
     var close: () -> Void = {}
 
     init(methods: EntitlementMethods, eventLoop: any EventLoop) {
@@ -68,6 +68,8 @@ final class DoorConnectionHandler: ChannelInboundHandler {
 
     private let connection: DoorConnection
     private var idleTimer: RepeatedTask?
+    private var lingerTimer: Scheduled<Void>?
+    private var closing = false
 
     init(connection: DoorConnection) {
         self.connection = connection
@@ -75,11 +77,15 @@ final class DoorConnectionHandler: ChannelInboundHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
         self.connection.close = {
-            loopBound.value.close(promise: nil)
+            // Not now: the last stream closes while NIOHTTP2Handler is still writing its
+            // trailers, which it flushes after this returns.
+            context.eventLoop.execute {
+                handler.value.closeGracefully(context: loopBound.value)
+            }
         }
         let timeout = self.connection.methods.configuration.idleTimeout
-        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
         self.idleTimer = context.eventLoop.scheduleRepeatedTask(initialDelay: timeout, delay: .nanoseconds(max(timeout.nanoseconds / 4, 1_000_000))) { _ in
             handler.value.closeIfIdle(context: loopBound.value, timeout: timeout)
         }
@@ -88,7 +94,29 @@ final class DoorConnectionHandler: ChannelInboundHandler {
     func handlerRemoved(context: ChannelHandlerContext) {
         self.idleTimer?.cancel()
         self.idleTimer = nil
+        self.lingerTimer?.cancel()
+        self.lingerTimer = nil
         self.connection.close = {}
+    }
+
+    /// Ends the connection without losing a byte sent, as the framed listener does: what
+    /// is written goes out, then a FIN; the client's side is read (and dropped) until it
+    /// closes, or for at most `closeLinger`. Closing at once with input unread makes the
+    /// kernel reset the connection, and the client may lose the last answers.
+    private func closeGracefully(context: ChannelHandlerContext) {
+        guard !self.closing else {
+            return
+        }
+        self.closing = true
+        context.flush()
+        let linger = self.connection.methods.configuration.closeLinger
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        self.lingerTimer = context.eventLoop.scheduleTask(in: linger) {
+            loopBound.value.close(promise: nil)
+        }
+        context.close(mode: .output).whenFailure { _ in
+            loopBound.value.close(promise: nil)
+        }
     }
 
     private func closeIfIdle(context: ChannelHandlerContext, timeout: TimeAmount) {
@@ -101,6 +129,17 @@ final class DoorConnectionHandler: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         // Connection-level frames (SETTINGS, PING, GOAWAY) are NIOHTTP2Handler's business.
+    }
+
+    /// Backpressure, as on the framed listener: while the socket cannot take more (a client
+    /// that does not read), no more requests are read, so no more answers pile up.
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        let writable = context.channel.isWritable
+        context.channel.setOption(ChannelOptions.autoRead, value: writable).whenComplete { _ in }
+        if writable {
+            context.read()
+        }
+        context.fireChannelWritabilityChanged()
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -126,7 +165,7 @@ final class DoorConnectionHandler: ChannelInboundHandler {
         // A stream's error ends that stream only (NIOHTTP2Handler has reset it); any other
         // is the connection's (NIOHTTP2Handler has sent GOAWAY as the protocol requires):
         // it goes, and other connections are untouched.
-        if error is NIOHTTP2Errors.StreamError {
+        if error is NIOHTTP2Errors.StreamError, !self.closing {
             return
         }
         context.close(promise: nil)

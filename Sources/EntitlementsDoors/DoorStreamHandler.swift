@@ -47,8 +47,12 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private var state = State.idle
     private var kind = Kind.grpc
     private var route = Route.healthCheck
-    /// For metrics: the framed method id the call counts as.
-    private var metricMethod = MethodID.health
+    /// For metrics: the method the call counts as (until routed, none: counted as
+    /// `method="unknown"`, as an unknown framed method is).
+    private var metricMethod = MethodID(rawValue: 0)
+    /// A watch (or health watch) is running: its end is not an answer to count (the framed
+    /// listener counts only refused watches).
+    private var streaming = false
     private var body = ByteBuffer()
     private var start = NIODeadline.now()
     private var deadline: NIODeadline?
@@ -81,8 +85,10 @@ final class DoorStreamHandler: ChannelInboundHandler {
         context.fireChannelInactive()
     }
 
-    /// The stream is gone: work still queued for it is skipped, a watch stops.
+    /// The stream is gone: work still queued for it is skipped, a watch stops, and nothing
+    /// more is written.
     private func ended() {
+        self.state = .done
         self.scope.close()
         self.deadlineTimer?.cancel()
         self.deadlineTimer = nil
@@ -133,8 +139,10 @@ final class DoorStreamHandler: ChannelInboundHandler {
                 self.requestComplete()
             }
         case .rstStream:
+            if self.state == .receiving || self.state == .answering, !self.streaming {
+                self.methods.recordAnswer(self.metricMethod, .cancelled, since: self.start)  // as a framed CANCEL
+            }
             self.ended()  // the client cancelled: nothing more is sent
-            self.state = .done
         default:
             break
         }
@@ -143,7 +151,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private func requestHeaders(_ headers: HPACKHeaders, endStream: Bool) {
         self.start = .now()
         self.state = .receiving
-        let path = headers.first(name: ":path") ?? ""
+        let path = String((headers.first(name: ":path") ?? "").split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first ?? "")
         let contentType = headers.first(name: "content-type")
         if let contentType, contentType.lowercased().hasPrefix("application/grpc") {
             self.kind = .grpc
@@ -171,8 +179,13 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.metricMethod = method
         } else if self.kind == .grpc, path == DoorRoutes.healthPrefix + "Check" {
             self.route = .healthCheck
+            self.metricMethod = .health
         } else if self.kind == .grpc, path == DoorRoutes.healthPrefix + "Watch" {
             self.route = .healthWatch
+            self.metricMethod = .health
+        } else if self.kind == .json {
+            self.respondJSON(.notFound, JSONMethods.errorBody(ServiceError(.unimplemented, "unknown method \(path); this door serves POST /entitlements.v1.EntitlementService/<method>")), status: .unimplemented)
+            return
         } else {
             self.fail(.unimplemented, "unknown method \(path); this server serves /entitlements.v1.EntitlementService/<method> and /grpc.health.v1.Health/Check and Watch")
             return
@@ -190,8 +203,12 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(error.status, error.message)
             return
         }
-        self.inFlight = true
-        self.methods.recordInFlight(1)
+        if !self.isStream {
+            // As on the framed listener, a stream is not a call in flight (it never ends on
+            // its own); the watch gauge counts it.
+            self.inFlight = true
+            self.methods.recordInFlight(1)
+        }
         if let deadline = self.deadline, !self.isStream {
             self.deadlineTimer = self.context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
                 self.deadlineTimer = nil
@@ -249,6 +266,12 @@ final class DoorStreamHandler: ChannelInboundHandler {
             return
         }
         self.state = .answering
+        if self.connection.draining, self.isStream {
+            // Its HEADERS came before the GOAWAY, the rest after: a stream started now
+            // would hold the drain open.
+            self.fail(.unavailable, "the server is shutting down; resubscribe")
+            return
+        }
         let context = CallContext(eventLoop: self.context.eventLoop, deadline: self.deadline, scope: self.scope)
         if self.kind == .json {
             guard case .method(let method) = self.route else {
@@ -346,6 +369,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
         case .success(let watch):
             if !watch.isFinished {
                 self.watch = watch
+                self.streaming = true
             }
         case .failure(let error):
             self.fail(error.status, error.message)
@@ -380,6 +404,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             return
         }
         self.lastHealth = status
+        self.streaming = true
         self.sendMessage(Self.encode(HealthCheckResponse(status: status)), flush: true)
         guard status != .serviceUnknown else {
             return
@@ -446,8 +471,13 @@ final class DoorStreamHandler: ChannelInboundHandler {
         }
     }
 
-    /// A unary call's answer: headers, the message, trailers with OK.
+    /// A unary call's answer: headers, the message, trailers with OK. An answer over the
+    /// largest message clients accept by default fails instead, as on the framed listener.
     private func respondMessage(_ message: ByteBuffer) {
+        guard message.readableBytes <= Frame.defaultMaximumPayloadSize else {
+            self.fail(.resourceExhausted, "the answer is \(message.readableBytes) bytes; a message carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)")
+            return
+        }
         self.sendMessage(message, flush: false)
         self.finish(.ok, "")
     }
@@ -462,7 +492,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
         self.deadlineTimer = nil
         self.healthTimer?.cancel()
         self.healthTimer = nil
-        self.methods.recordAnswer(self.metricMethod, status, since: self.start)
+        if !self.streaming {
+            self.methods.recordAnswer(self.metricMethod, status, since: self.start)
+        }
         if self.inFlight {
             self.inFlight = false
             self.methods.recordInFlight(-1)
@@ -504,7 +536,12 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.inFlight = false
             self.methods.recordInFlight(-1)
         }
-        let body = ByteBuffer(string: json)
+        var body = ByteBuffer(string: json)
+        var httpStatus = httpStatus
+        if body.readableBytes > Frame.defaultMaximumPayloadSize {
+            httpStatus = .tooManyRequests
+            body = ByteBuffer(string: JSONMethods.errorBody(ServiceError(.resourceExhausted, "the answer is \(body.readableBytes) bytes; an answer carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)")))
+        }
         let headers: HPACKHeaders = [
             ":status": String(httpStatus.code),
             "content-type": "application/json",

@@ -22,10 +22,11 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     private var answered = false
     private var readEnd = false
     private var busy = false
-    private var draining = false
     private var start = NIODeadline.now()
     private var deadlineTimer: Scheduled<Void>?
     private var idleTimer: Scheduled<Void>?
+    /// Set once the handler has left the pipeline: a late answer is dropped.
+    private var removed = false
     private var generation = 0
 
     init(methods: EntitlementMethods) {
@@ -37,6 +38,7 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
+        self.removed = true
         self.scope.close()
         self.deadlineTimer?.cancel()
         self.idleTimer?.cancel()
@@ -44,6 +46,9 @@ final class HTTPJSONHandler: ChannelInboundHandler {
 
     private func armIdleTimer(context: ChannelHandlerContext) {
         self.idleTimer?.cancel()
+        guard !self.removed else {
+            return
+        }
         let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
         self.idleTimer = context.eventLoop.scheduleTask(in: self.methods.configuration.idleTimeout) {
             loopBound.value.close(promise: nil)
@@ -122,7 +127,7 @@ final class HTTPJSONHandler: ChannelInboundHandler {
         }
         self.methods.recordInFlight(1)
         let callContext = CallContext(eventLoop: context.eventLoop, deadline: deadline, scope: self.scope)
-        let result = JSONMethods.call(method, body: self.body, methods: self.methods, context: callContext, draining: self.draining)
+        let result = JSONMethods.call(method, body: self.body, methods: self.methods, context: callContext, draining: false)
         let finish: (Result<String, ServiceError>) -> Void = { result in
             self.methods.recordInFlight(-1)
             guard self.generation == generation, !self.answered else {
@@ -144,15 +149,15 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     }
 
     private func respond(context: ChannelHandlerContext, _ httpStatus: HTTPResponseStatus, _ json: String, status: StatusCode, close: Bool = false) {
-        guard !self.answered, let head = self.head else {
+        guard !self.answered, !self.removed, let head = self.head else {
             return
         }
         self.answered = true
         self.deadlineTimer?.cancel()
         self.deadlineTimer = nil
-        self.methods.recordAnswer(self.method ?? .health, status, since: self.start)
+        self.methods.recordAnswer(self.method ?? MethodID(rawValue: 0), status, since: self.start)
         let body = ByteBuffer(string: json)
-        let keepAlive = head.isKeepAlive && !close && !self.draining
+        let keepAlive = head.isKeepAlive && !close
         var headers: HTTPHeaders = [
             "content-type": "application/json",
             "content-length": String(body.readableBytes),
@@ -170,27 +175,14 @@ final class HTTPJSONHandler: ChannelInboundHandler {
         }
     }
 
-    /// The request is read and answered: the connection waits for the next, or closes
-    /// when the server drains.
+    /// The request is read and answered: the connection waits for the next. (A drain is
+    /// NIO's HTTPServerPipelineHandler's: it closes the connection once no response is in
+    /// progress, and does not pass the event on.)
     private func requestDone(context: ChannelHandlerContext) {
         self.busy = false
-        if self.draining {
-            context.close(promise: nil)
-            return
-        }
         self.armIdleTimer(context: context)
     }
 
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is ChannelShouldQuiesceEvent {
-            self.draining = true
-            if !self.busy {
-                context.close(promise: nil)  // else once the call in progress is answered
-            }
-            return
-        }
-        context.fireUserInboundEventTriggered(event)
-    }
 
     /// A request NIO could not parse (answered 400 by its error handler) ends the
     /// connection, as does any other error on it; other connections are untouched.

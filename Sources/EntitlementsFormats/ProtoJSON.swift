@@ -289,6 +289,10 @@ public enum ProtoJSON {
     }
 }
 
+extension Character {
+    fileprivate var isASCIIDigitCharacter: Bool { ("0"..."9").contains(self) }
+}
+
 /// A request that is not valid JSON, or not the message the method takes.
 public struct ProtoJSONError: Error, Sendable, CustomStringConvertible {
     public var description: String
@@ -411,13 +415,53 @@ public struct ProtoJSONObject {
         case .string(let string): text = string
         default: throw ProtoJSONError("\(self.field(json)): expected an integer, found \(value.kind)")
         }
-        if let exact = T(text) {
+        if let exact = T(text) ?? Self.wholeNumber(text, as: T.self) {
             return exact
         }
-        if let double = Double(text), double.rounded() == double, let whole = T(exactly: double) {
-            return whole
-        }
         throw ProtoJSONError("\(self.field(json)): \"\(text)\" is not a whole number from \(T.min) to \(T.max)")
+    }
+
+    /// A whole number written with a fraction or an exponent (`5.0`, `1e3`, `-2.50e1`), in
+    /// exact decimal arithmetic: `[-]digits[.digits][e[+|-]digits]` and nothing else.
+    static func wholeNumber<T: FixedWidthInteger>(_ text: String, as type: T.Type) -> T? {
+        var rest = Substring(text)
+        let negative = rest.first == "-"
+        if negative {
+            rest = rest.dropFirst()
+        }
+        var exponent = 0
+        if let e = rest.firstIndex(where: { $0 == "e" || $0 == "E" }) {
+            var power = rest[rest.index(after: e)...]
+            if power.first == "+" {
+                power = power.dropFirst()
+            }
+            guard let value = Int(power), (-400...400).contains(value) else {
+                return nil
+            }
+            exponent = value
+            rest = rest[..<e]
+        }
+        let parts = rest.split(separator: ".", maxSplits: 1, omittingEmptySubsequences: false)
+        let whole = parts[0]
+        let fraction = parts.count > 1 ? parts[1] : ""
+        guard !whole.isEmpty, whole.allSatisfy(\.isASCIIDigitCharacter), fraction.allSatisfy(\.isASCIIDigitCharacter), parts.count == 1 || !fraction.isEmpty else {
+            return nil
+        }
+        var digits = String(whole + fraction)
+        let scale = exponent - fraction.count
+        if scale < 0 {
+            let dropped = digits.suffix(-scale)
+            guard dropped.count == -scale, dropped.allSatisfy({ $0 == "0" }) else {
+                return nil  // a fraction that is not zero
+            }
+            digits.removeLast(-scale)
+        } else {
+            guard scale <= 40 else {
+                return nil
+            }
+            digits += String(repeating: "0", count: scale)
+        }
+        return T((negative ? "-" : "") + (digits.isEmpty ? "0" : digits))
     }
 
     public mutating func enumeration<E: ProtoJSONEnum>(_ json: String, _ proto: String, as type: E.Type) throws(ProtoJSONError) -> E? {

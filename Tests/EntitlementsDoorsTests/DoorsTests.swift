@@ -1,4 +1,5 @@
 import EntitlementsDoors
+import EntitlementsMessages
 import EntitlementsServer
 import EntitlementsStore
 import EntitlementsTools
@@ -43,7 +44,7 @@ private final class DoorFixture: Sendable {
 /// A blocking loopback TCP connection, for bytes no client library would send.
 private final class RawConnection: @unchecked Sendable {
     // @unchecked: one test uses a connection, one thread at a time.
-    let fd: Int32
+    private(set) var fd: Int32
 
     init(port: Int, receiveTimeout seconds: Int = 10) throws {
         self.fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -55,7 +56,7 @@ private final class RawConnection: @unchecked Sendable {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(self.fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard connected == 0 else {
-            close(self.fd)
+            Glibc.close(self.fd)
             throw POSIXError(.ECONNREFUSED)
         }
         var timeout = timeval(tv_sec: seconds, tv_usec: 0)
@@ -63,7 +64,16 @@ private final class RawConnection: @unchecked Sendable {
     }
 
     deinit {
-        close(self.fd)
+        self.close()
+    }
+
+    /// Closes this side, as a client does once it has its answers (a server lingers for
+    /// that after its FIN).
+    func close() {
+        if self.fd >= 0 {
+            Glibc.close(self.fd)
+            self.fd = -1
+        }
     }
 
     func send(_ bytes: [UInt8]) {
@@ -108,8 +118,8 @@ private final class RawConnection: @unchecked Sendable {
 
 /// HTTP/2 frames in `bytes` (after none of the preface: the server sends none): type and
 /// stream id of each complete frame.
-private func frames(_ bytes: [UInt8]) -> [(type: UInt8, stream: UInt32)] {
-    var frames: [(UInt8, UInt32)] = []
+private func frames(_ bytes: [UInt8]) -> [(type: UInt8, stream: UInt32, flags: UInt8)] {
+    var frames: [(UInt8, UInt32, UInt8)] = []
     var index = 0
     while bytes.count - index >= 9 {
         let length = Int(bytes[index]) << 16 | Int(bytes[index + 1]) << 8 | Int(bytes[index + 2])
@@ -117,13 +127,27 @@ private func frames(_ bytes: [UInt8]) -> [(type: UInt8, stream: UInt32)] {
             break
         }
         let stream = UInt32(bytes[index + 5] & 0x7F) << 24 | UInt32(bytes[index + 6]) << 16 | UInt32(bytes[index + 7]) << 8 | UInt32(bytes[index + 8])
-        frames.append((bytes[index + 3], stream))
+        frames.append((bytes[index + 3], stream, bytes[index + 4]))
         index += 9 + length
     }
     return frames
 }
 
 private let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+
+/// A gRPC request on stream 1: HEADERS (HPACK literals, no Huffman) and one DATA frame
+/// with the length-prefixed message, END_STREAM.
+private func grpcRequest(_ path: String, _ message: [UInt8]) -> [UInt8] {
+    var block: [UInt8] = []
+    for (name, value) in [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "t"), ("content-type", "application/grpc"), ("te", "trailers")] {
+        block += [0x00, UInt8(name.utf8.count)] + Array(name.utf8) + [UInt8(value.utf8.count)] + Array(value.utf8)
+    }
+    func frame(_ type: UInt8, _ flags: UInt8, _ payload: [UInt8]) -> [UInt8] {
+        [UInt8(payload.count >> 16), UInt8(payload.count >> 8 & 0xFF), UInt8(payload.count & 0xFF), type, flags, 0, 0, 0, 1] + payload
+    }
+    let body: [UInt8] = [0, UInt8(message.count >> 24), UInt8(message.count >> 16 & 0xFF), UInt8(message.count >> 8 & 0xFF), UInt8(message.count & 0xFF)] + message
+    return frame(1, 0x4, block) + frame(0, 0x1, body)
+}
 private let emptySettings: [UInt8] = [0, 0, 0, 4, 0, 0, 0, 0, 0]
 private let goAwayType: UInt8 = 7
 
@@ -174,7 +198,30 @@ struct DoorsTests {
         let (bytes, closed) = await blocking { http2.readToEnd() }
         #expect(frames(settings + bytes).contains { $0.type == goAwayType && $0.stream == 0 }, "no GOAWAY in \(frames(settings + bytes))")
         #expect(closed)
+        http2.close()
         #expect(await blocking { http1.readToEnd().closed })
+        await shutdown.value
+        try await fixture.group.shutdownGracefully()
+    }
+
+    @Test("a drain answers the call in progress before it closes the connection: GOAWAY, then the call's trailers, then the FIN")
+    func drainAnswersTheLastCall() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.minimumSequenceWait = .milliseconds(300)
+        let fixture = try await DoorFixture(configuration: configuration)
+        let connection = try RawConnection(port: fixture.port)
+        // A read that waits for a log sequence never reached: in progress when the drain starts.
+        let waiting = try CheckEntitlementsRequest(userId: "user-1", minLogSequence: 1 << 40).serializedBytes()
+        connection.send(preface + emptySettings + grpcRequest("/entitlements.v1.EntitlementService/CheckEntitlements", waiting))
+        _ = connection.read { frames($0).contains { $0.type == 4 } }
+        let shutdown = Task { await fixture.server.shutdownGracefully() }
+        let (bytes, closed) = await blocking { connection.readToEnd() }
+        let received = frames(bytes)
+        let goAway = received.firstIndex { $0.type == goAwayType }
+        let trailers = received.firstIndex { $0.type == 1 && $0.stream == 1 && $0.flags & 0x1 != 0 }
+        #expect(goAway != nil && trailers != nil && goAway! < trailers!, "frames: \(received)")
+        #expect(closed)
+        connection.close()
         await shutdown.value
         try await fixture.group.shutdownGracefully()
     }
@@ -200,6 +247,7 @@ struct DoorsTests {
         let refused = try RawConnection(port: fixture.port)
         let (bytes, closed) = await blocking { refused.readToEnd() }
         #expect(bytes.isEmpty && closed)
+        admitted.close()
         try await fixture.stop()
     }
 

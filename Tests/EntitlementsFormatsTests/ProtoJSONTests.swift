@@ -24,6 +24,10 @@ struct ProtoJSONTests {
         #expect(camel == CheckEntitlementsRequest(userId: "u-1", entitlementIds: ["premium", "pro"], at: 1_769_904_000_000, environment: .sandbox, minLogSequence: 7))
         let proto = try Self.decode(CheckEntitlementsRequest.self, #"{"user_id":"u-1","entitlement_ids":["premium","pro"],"at":1769904000000,"environment":2,"min_log_sequence":"7"}"#)
         #expect(proto == camel)
+        // Whole numbers with a fraction or an exponent, exactly (no rounding through Double).
+        let whole = try Self.decode(CheckEntitlementsRequest.self, #"{"at":"9007199254740993.0","minLogSequence":1.5e1}"#)
+        #expect(whole.at == 9_007_199_254_740_993 && whole.minLogSequence == 15)
+        #expect(try Self.decode(CheckEntitlementsRequest.self, #"{"at":-2.50e1}"#).at == -25)
         // null is absent; an empty object is the empty message.
         #expect(try Self.decode(CheckEntitlementsRequest.self, #"{"userId":null,"at":null}"#) == CheckEntitlementsRequest())
         #expect(try Self.decode(HealthRequest.self, " { } ") == HealthRequest())
@@ -49,6 +53,8 @@ struct ProtoJSONTests {
         (#"{"userId":5}"#, "userId: expected a string, found a number"),
         (#"{"at":"soon"}"#, #"at: "soon" is not a whole number"#),
         (#"{"at":1.5}"#, "not a whole number"),
+        (#"{"at":"0x10"}"#, "not a whole number"),
+        (#"{"at":"9007199254740993.5"}"#, "not a whole number"),
         (#"{"minLogSequence":-1}"#, "minLogSequence"),
         (#"{"at":99999999999999999999}"#, "not a whole number"),
         (#"{"environment":"SANDBOX"}"#, #"environment: "SANDBOX" is not one of ENVIRONMENT_UNSPECIFIED"#),

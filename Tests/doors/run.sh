@@ -52,9 +52,18 @@ code="$(curl -sS -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: applic
   "http://127.0.0.1:$port/entitlements.v1.EntitlementService/CheckEntitlements")"
 [ "$code" = 400 ] || { echo "doors: curl with a broken body: want HTTP 400, got $code" >&2; exit 1; }
 
-# The drain: SIGTERM, and the server exits 0 having drained.
+# The drain: a watch and a health watch open over gRPC, then SIGTERM. The watch must end
+# UNAVAILABLE, the health watch say NOT_SERVING and end, and the server exit 0, drained.
+DOOR_PORT=$port ADMIN_PORT=$admin python3 Tests/doors/test_doors.py --drain-watch > "$work/drain.out" 2>&1 &
+watcher=$!
+for _ in $(seq 1 300); do grep -q "^watching" "$work/drain.out" 2>/dev/null && break; sleep 0.1; done
+grep -q "^watching" "$work/drain.out" || { echo "doors: the drain watcher did not start:" >&2; cat "$work/drain.out" >&2; exit 1; }
 kill -TERM "$pid"
-wait "$pid"; status=$?
+status=0; wait "$pid" || status=$?
 pid=""
 [ $status = 0 ] || { echo "doors: serve exited $status after SIGTERM" >&2; cat "$work/serve.log" >&2; exit 1; }
+wait "$watcher" || true
+cat "$work/drain.out"
+grep -q "watch ended UNAVAILABLE; health watch ended UNAVAILABLE after SERVING -> NOT_SERVING" "$work/drain.out" \
+  || { echo "doors: the drain did not end the watches as docs/doors.md says" >&2; exit 1; }
 echo "doors: all foreign clients passed"

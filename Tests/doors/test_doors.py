@@ -375,5 +375,30 @@ class Metrics(unittest.TestCase):
         self.assertGreater(metric("entitlements_requests_total", method="CheckEntitlements", status="OK"), before)
 
 
+def drain_watch():
+    """For run.sh's drain check: opens a watch and a health watch, says so, then prints how
+    each ended once the server drains (SIGTERM)."""
+    channel = grpc.insecure_channel("127.0.0.1:%d" % PORT)
+    stub = service_pb2_grpc.EntitlementServiceStub(channel)
+    watch = stub.WatchEntitlements(svc.WatchEntitlementsRequest(all_customers=True), timeout=60)
+    health = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+    statuses = [next(health).status]
+    print("watching", flush=True)
+    ends = {}
+    for name, call in (("watch", watch), ("health", health)):
+        try:
+            for message in call:
+                if name == "health":
+                    statuses.append(message.status)
+            ends[name] = "OK"
+        except grpc.RpcError as error:
+            ends[name] = error.code().name
+    print("watch ended %s; health watch ended %s after %s" % (
+        ends["watch"], ends["health"], " -> ".join(health_pb2.HealthCheckResponse.ServingStatus.Name(s) for s in statuses)), flush=True)
+
+
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    if sys.argv[1:] == ["--drain-watch"]:
+        drain_watch()
+    else:
+        unittest.main(verbosity=2)

@@ -297,7 +297,7 @@ public final class EntitlementMethods: Sendable {
         if let deadline = context.deadline {
             // A stream's timeout bounds the whole stream, as a unary call's bounds its answer.
             let seconds = Double(((deadline - NIODeadline.now()).nanoseconds + 500_000) / 1_000_000) / 1000
-            context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { [weak watch] in
+            watch.deadlineTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { [weak watch] in
                 watch?.finish(.deadlineExceeded, "the watch's timeout of \(seconds) s elapsed; send a new WatchEntitlements to go on")
             }
         }

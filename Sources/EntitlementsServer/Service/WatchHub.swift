@@ -151,6 +151,8 @@ public final class WatchStream: @unchecked Sendable {
     private var socketFull = false
     private var timer: Scheduled<Void>?
     private var timerDeadline: Int64?
+    /// The stream's own timeout (the call's deadline), cancelled when it ends otherwise.
+    var deadlineTimer: Scheduled<Void>?
     private var finished = false
 
     /// The most customers an every-customer watch tracks for time changes.
@@ -380,6 +382,8 @@ public final class WatchStream: @unchecked Sendable {
         self.finished = true
         self.timer?.cancel()
         self.timer = nil
+        self.deadlineTimer?.cancel()
+        self.deadlineTimer = nil
         self.buffered.removeAll()
         self.sink.end(status, status == .ok ? "" : message)
         self.ended(self)
@@ -393,6 +397,8 @@ public final class WatchStream: @unchecked Sendable {
         self.finished = true
         self.timer?.cancel()
         self.timer = nil
+        self.deadlineTimer?.cancel()
+        self.deadlineTimer = nil
         self.ended(self)
     }
 }

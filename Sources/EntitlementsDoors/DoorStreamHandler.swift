@@ -126,11 +126,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
             }
             let limit = self.methods.configuration.maximumPayloadSize + (self.kind == .grpc ? 5 : 0)
             guard self.body.readableBytes + bytes.readableBytes <= limit else {
-                let message = "the request is over \(self.methods.configuration.maximumPayloadSize) bytes, the largest message this server accepts"
+                let error = JSONMethods.tooLarge(limit: self.methods.configuration.maximumPayloadSize)
                 if self.kind == .json {
-                    self.respondJSON(.payloadTooLarge, JSONMethods.errorBody(ServiceError(.resourceExhausted, message)), status: .resourceExhausted)
+                    self.respondJSON(.payloadTooLarge, JSONMethods.errorBody(error), status: error.status)
                 } else {
-                    self.fail(.resourceExhausted, message)
+                    self.fail(error.status, error.message)
                 }
                 return
             }
@@ -184,7 +184,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.route = .healthWatch
             self.metricMethod = .health
         } else if self.kind == .json {
-            self.respondJSON(.notFound, JSONMethods.errorBody(ServiceError(.unimplemented, "unknown method \(path); this door serves POST /entitlements.v1.EntitlementService/<method>")), status: .unimplemented)
+            self.respondJSON(.notFound, JSONMethods.errorBody(JSONMethods.unknownMethod(path)), status: .unimplemented)
             return
         } else {
             self.fail(.unimplemented, "unknown method \(path); this server serves /entitlements.v1.EntitlementService/<method> and /grpc.health.v1.Health/Check and Watch")
@@ -249,13 +249,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             default: return .failure(ServiceError(.invalidArgument, "grpc-timeout \"\(text)\": unknown unit \(unit)"))
             }
         case .json:
-            guard let text = headers.first(name: "connect-timeout-ms") else {
-                return .success(nil)
-            }
-            guard let value = Int64(text), value >= 0, text.count <= 10 else {
-                return .failure(ServiceError(.invalidArgument, "connect-timeout-ms \"\(text)\" is not a whole number of milliseconds"))
-            }
-            return .success(.milliseconds(value))
+            return JSONMethods.connectTimeout(headers.first(name: "connect-timeout-ms"))
         }
     }
 

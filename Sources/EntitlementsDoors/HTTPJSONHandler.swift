@@ -21,7 +21,6 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     /// before its body arrived), and read to its end.
     private var answered = false
     private var readEnd = false
-    private var busy = false
     private var start = NIODeadline.now()
     private var deadlineTimer: Scheduled<Void>?
     private var idleTimer: Scheduled<Void>?
@@ -63,7 +62,6 @@ final class HTTPJSONHandler: ChannelInboundHandler {
             self.body.clear()
             self.answered = false
             self.readEnd = false
-            self.busy = true
             self.start = .now()
             self.method = DoorRoutes.method(path: String(head.uri.split(separator: "?", maxSplits: 1).first ?? ""))
             if let problem = self.refusal(head) {
@@ -74,8 +72,8 @@ final class HTTPJSONHandler: ChannelInboundHandler {
                 return
             }
             guard self.body.readableBytes + bytes.readableBytes <= self.methods.configuration.maximumPayloadSize else {
-                let message = "the request is over \(self.methods.configuration.maximumPayloadSize) bytes, the largest body this server accepts"
-                self.respond(context: context, .payloadTooLarge, JSONMethods.errorBody(ServiceError(.resourceExhausted, message)), status: .resourceExhausted, close: true)
+                let error = JSONMethods.tooLarge(limit: self.methods.configuration.maximumPayloadSize)
+                self.respond(context: context, .payloadTooLarge, JSONMethods.errorBody(error), status: error.status, close: true)
                 return
             }
             self.body.writeBuffer(&bytes)
@@ -100,19 +98,21 @@ final class HTTPJSONHandler: ChannelInboundHandler {
             return (.methodNotAllowed, ServiceError(.unimplemented, "\(head.method) \(path): calls are POST with a JSON body (docs/doors.md)"))
         }
         guard self.method != nil else {
-            return (.notFound, ServiceError(.unimplemented, "unknown method \(path); this door serves POST /entitlements.v1.EntitlementService/<method>"))
+            return (.notFound, JSONMethods.unknownMethod(path))
         }
         guard JSONMethods.isJSON(contentType) else {
             return (.unsupportedMediaType, ServiceError(.invalidArgument, "content-type \(contentType ?? "(none)") is not served: send application/json"))
         }
-        if let text = head.headers.first(name: "connect-timeout-ms"), Int64(text).map({ $0 < 0 }) ?? true {
-            return (.badRequest, ServiceError(.invalidArgument, "connect-timeout-ms \"\(text)\" is not a whole number of milliseconds"))
+        if case .failure(let error) = JSONMethods.connectTimeout(head.headers.first(name: "connect-timeout-ms")) {
+            return (.badRequest, error)
         }
         return nil
     }
 
     private func call(context: ChannelHandlerContext, _ method: MethodID, _ head: HTTPRequestHead) {
-        let deadline = head.headers.first(name: "connect-timeout-ms").flatMap { Int64($0) }.map { self.start + .milliseconds($0) }
+        // Valid: refusal(_:) checked it.
+        let timeout = try? JSONMethods.connectTimeout(head.headers.first(name: "connect-timeout-ms")).get()
+        let deadline = timeout.flatMap { $0 }.map { self.start + $0 }
         self.generation += 1
         let generation = self.generation
         let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
@@ -179,7 +179,6 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     /// NIO's HTTPServerPipelineHandler's: it closes the connection once no response is in
     /// progress, and does not pass the event on.)
     private func requestDone(context: ChannelHandlerContext) {
-        self.busy = false
         self.armIdleTimer(context: context)
     }
 

@@ -29,6 +29,27 @@ enum DoorRoutes {
 /// `{"code": "invalid_argument", "message": "..."}` with the HTTP status Connect gives it.
 /// Used by the HTTP/1.1 handler and by HTTP/2 streams whose content-type is JSON.
 enum JSONMethods {
+    /// `Connect-Timeout-Ms`: the call's timeout, nil for none, or why the header is refused.
+    static func connectTimeout(_ text: String?) -> Result<TimeAmount?, ServiceError> {
+        guard let text else {
+            return .success(nil)
+        }
+        guard text.count <= 10, let value = Int64(text), value >= 0 else {
+            return .failure(ServiceError(.invalidArgument, "connect-timeout-ms \"\(text)\" is not a whole number of milliseconds (at most 10 digits)"))
+        }
+        return .success(.milliseconds(value))
+    }
+
+    /// A path that names no method of the service: 404, `unimplemented`.
+    static func unknownMethod(_ path: String) -> ServiceError {
+        ServiceError(.unimplemented, "unknown method \(path); this door serves POST /entitlements.v1.EntitlementService/<method>")
+    }
+
+    /// A body over --max-frame-bytes: 413, `resource_exhausted`.
+    static func tooLarge(limit: Int) -> ServiceError {
+        ServiceError(.resourceExhausted, "the request is over \(limit) bytes, the largest body this server accepts")
+    }
+
     /// Runs `method` on a JSON body; answers JSON text, or the call's failure.
     static func call(
         _ method: MethodID,
@@ -37,6 +58,8 @@ enum JSONMethods {
         context: CallContext,
         draining: Bool
     ) -> MethodResult<String> {
+        // Health and Compact take no fields: an empty body is their empty message.
+        let body = body.readableBytes == 0 && (method == .health || method == .compact) ? ByteBuffer(string: "{}") : body
         let bytes = body.readableBytesView
         do {
             switch method {
@@ -47,10 +70,10 @@ enum JSONMethods {
                 let request = try ProtoJSON.decode(BatchCheckEntitlementsRequest.self, from: bytes)
                 return Self.map(methods.batchCheckEntitlements(request, context)) { EntitlementsOutput.json(try $0.response()) }
             case .health:
-                _ = try ProtoJSON.decode(HealthRequest.self, from: bytes.isEmpty ? ByteBuffer(string: "{}").readableBytesView : bytes)
+                _ = try ProtoJSON.decode(HealthRequest.self, from: bytes)
                 return .now(.success(EntitlementsOutput.json(methods.health(draining: draining))))
             case .compact:
-                _ = try ProtoJSON.decode(CompactRequest.self, from: bytes.isEmpty ? ByteBuffer(string: "{}").readableBytesView : bytes)
+                _ = try ProtoJSON.decode(CompactRequest.self, from: bytes)
                 return Self.map(methods.compact(context)) { EntitlementsOutput.json($0) }
             case .recordTransaction:
                 return Self.write(.recordTransaction(try ProtoJSON.decode(RecordTransactionRequest.self, from: bytes)), methods, context)

@@ -284,16 +284,15 @@ class GRPCDoor(unittest.TestCase):
         raw = RawH2()
         try:
             request = svc.CheckEntitlementsRequest(user_id="user-1", min_log_sequence=10 ** 15).SerializeToString()
-            started = time.time()
             stream = raw.call("CheckEntitlements", request, headers=[("grpc-timeout", "300m")])
             headers, _ = raw.finish(stream)
             self.assertEqual(headers.get("grpc-status"), "4", headers)
-            self.assertIn("deadline", headers.get("grpc-message", ""))
-            self.assertLess(time.time() - started, 5)
+            self.assertIn("the deadline passed", headers.get("grpc-message", ""))
         finally:
             raw.close()
         # grpcio's deadline: the same status.
-        self.assert_status(grpc.StatusCode.DEADLINE_EXCEEDED, "", self.check, "user-1", min_log_sequence=10 ** 15)
+        self.assert_status(grpc.StatusCode.DEADLINE_EXCEEDED, "", self.stub.CheckEntitlements,
+                           svc.CheckEntitlementsRequest(user_id="user-1", min_log_sequence=10 ** 15), timeout=0.3)
 
     def test_malformed_grpc_timeout(self):
         raw = RawH2()
@@ -313,10 +312,8 @@ class GRPCDoor(unittest.TestCase):
             request = svc.BatchCheckEntitlementsRequest(user_ids=["user-1"] * 100).SerializeToString()
             for _ in range(60):
                 raw.call("BatchCheckEntitlements", request)
-            started = time.time()
-            for _ in range(20):
+            for _ in range(20):  # each within its 10 s deadline, or the test fails
                 self.assertEqual(self.check("user-1", at=AT).customer_id, "user-1")
-            self.assertLess(time.time() - started, 10)
         finally:
             raw.close()
         self.assertEqual(self.check("user-1", at=AT).customer_id, "user-1")
@@ -355,7 +352,11 @@ class JSONDoor(unittest.TestCase):
         status, body = post_json(SERVICE + "CheckEntitlements", {"userId": "u"}, content_type="text/plain")
         self.assertEqual(status, 415)
         status, body = post_json(SERVICE + "RevokeGrant", {"userId": "nobody-rev", "grantId": "none"})
-        self.assertIn(status, (400, 404))
+        self.assertEqual((status, body["code"]), (404, "not_found"))
+        status, body = post_json(SERVICE + "Health", b"")  # Health and Compact take an empty body
+        self.assertEqual((status, body["status"]), (200, "serving"))
+        status, body = post_json(SERVICE + "CheckEntitlements", {"userId": "u"}, headers={"Connect-Timeout-Ms": "-5"})
+        self.assertEqual((status, body["code"]), (400, "invalid_argument"))
 
     def test_http1_grpc_request_is_refused_with_a_reason(self):
         status, body = post_json(SERVICE + "CheckEntitlements", b"\x00\x00\x00\x00\x00", content_type="application/grpc")

@@ -23,6 +23,7 @@ let package = Package(
         .library(name: "EntitlementsClient", targets: ["EntitlementsClient"]),
         .library(name: "EntitlementsFleet", targets: ["EntitlementsFleet"]),
         .library(name: "EntitlementsDoors", targets: ["EntitlementsDoors"]),
+        .library(name: "EntitlementsSecurity", targets: ["EntitlementsSecurity"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -35,6 +36,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
         .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
     ],
     targets: [
         // MARK: C: libprotobuf-c, the protoc-c output, and the arena shim.
@@ -100,10 +102,23 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Who may do what (docs/security.md): permissions per listener, the token file,
+        // TLS and client certificates. No rules about entitlements, no listeners.
+        .target(
+            name: "EntitlementsSecurity",
+            dependencies: [
+                "EntitlementsWire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The framed RPC server: connections, the resolver actor pool, graceful shutdown.
         .target(
             name: "EntitlementsServer",
             dependencies: [
+                "EntitlementsSecurity",
                 "EntitlementsMessages",
                 "EntitlementsWire",
                 "EntitlementsResolver",
@@ -123,6 +138,7 @@ let package = Package(
         .target(
             name: "EntitlementsClient",
             dependencies: [
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 "EntitlementsMessages",
                 "EntitlementsWire",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -151,6 +167,7 @@ let package = Package(
         .target(
             name: "EntitlementsDoors",
             dependencies: [
+                "EntitlementsSecurity",
                 "EntitlementsFormats",
                 "EntitlementsMessages",
                 "EntitlementsServer",
@@ -187,6 +204,8 @@ let package = Package(
                 "EntitlementsClient",
                 "EntitlementsFleet",
                 "EntitlementsDoors",
+                "EntitlementsSecurity",
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
@@ -287,6 +306,23 @@ let package = Package(
                 "EntitlementsTools",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsSecurityTests",
+            dependencies: [
+                "EntitlementsSecurity",
+                "EntitlementsServer",
+                "EntitlementsClient",
+                "EntitlementsMessages",
+                "EntitlementsStore",
+                "EntitlementsTools",
+                "EntitlementsWire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -2,7 +2,14 @@ public import EntitlementsMessages
 public import EntitlementsWire
 public import NIOCore
 public import NIOPosix
+public import NIOSSL
 import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// Where the server is.
 public enum EntitlementsServerAddress: Sendable, Hashable, CustomStringConvertible {
@@ -13,6 +20,39 @@ public enum EntitlementsServerAddress: Sendable, Hashable, CustomStringConvertib
         switch self {
         case .tcp(let host, let port): "\(host):\(port)"
         case .unixSocket(let path): "unix:\(path)"
+        }
+    }
+}
+
+/// How the client proves itself to a server with --auth-token-file (docs/security.md).
+public enum EntitlementsClientToken: Sendable, Hashable {
+    /// This token.
+    case value(String)
+    /// The first word of this file, read again for every new connection, so that a token
+    /// rotated in the file is used from the next connection on.
+    case file(String)
+
+    /// The token now.
+    func read() throws -> String {
+        switch self {
+        case .value(let token):
+            return token
+        case .file(let path):
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else {
+                throw EntitlementsClientError(code: .unauthenticated, message: "cannot open the token file \(path): \(String(cString: strerror(errno)))")
+            }
+            defer { close(fd) }
+            var bytes = [UInt8](repeating: 0, count: 8_192)
+            let count = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else {
+                throw EntitlementsClientError(code: .unauthenticated, message: "the token file \(path) is empty or unreadable")
+            }
+            let text = String(decoding: bytes[0..<count], as: UTF8.self)
+            guard let token = text.split(whereSeparator: { $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "\r" }).first else {
+                throw EntitlementsClientError(code: .unauthenticated, message: "the token file \(path) holds no token")
+            }
+            return String(token)
         }
     }
 }
@@ -60,6 +100,13 @@ public final class EntitlementsClient: Sendable {
         /// The first and the longest wait between failed connection attempts.
         public var initialBackoff: TimeAmount
         public var maximumBackoff: TimeAmount
+        /// TLS to a server with --tls-cert: the CA to trust (`trustRoots`) and, for mutual
+        /// TLS, this client's certificate and key. nil: plain TCP. Not for Unix sockets.
+        public var tls: TLSConfiguration?
+        /// The name the server's certificate must carry; default the host of `server`.
+        public var serverHostname: String?
+        /// Presented on every new connection (Authenticate, before any call); nil for none.
+        public var token: EntitlementsClientToken?
 
         public init(
             server: EntitlementsServerAddress,
@@ -67,8 +114,14 @@ public final class EntitlementsClient: Sendable {
             maximumPayloadSize: Int = Frame.defaultMaximumPayloadSize,
             connectTimeout: TimeAmount = .seconds(2),
             initialBackoff: TimeAmount = .milliseconds(50),
-            maximumBackoff: TimeAmount = .seconds(5)
+            maximumBackoff: TimeAmount = .seconds(5),
+            tls: TLSConfiguration? = nil,
+            serverHostname: String? = nil,
+            token: EntitlementsClientToken? = nil
         ) {
+            self.tls = tls
+            self.serverHostname = serverHostname
+            self.token = token
             self.server = server
             self.connections = max(1, connections)
             self.maximumPayloadSize = maximumPayloadSize
@@ -341,11 +394,28 @@ public final class EntitlementsClient: Sendable {
             try await Task.sleep(nanoseconds: UInt64(wait.nanoseconds))
         }
         let configuration = self.configuration
+        var sslContext: NIOSSLContext?
+        if let tls = configuration.tls {
+            do {
+                sslContext = try NIOSSLContext(configuration: tls)
+            } catch {
+                throw EntitlementsClientError(code: .invalidArgument, message: "the TLS settings cannot be used: \(error)")
+            }
+        }
+        var hostname = configuration.serverHostname
+        if hostname == nil, case .tcp(let host, _) = configuration.server, !Self.isIPAddress(host) {
+            hostname = host
+        }
+        let serverHostname = hostname
+        let tlsContext = sslContext
         let bootstrap = ClientBootstrap(group: self.group)
             .connectTimeout(configuration.connectTimeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let tlsContext {
+                        try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tlsContext, serverHostname: serverHostname))
+                    }
                     try channel.pipeline.syncOperations.addHandlers(
                         ByteToMessageHandler(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize)),
                         ClientConnectionHandler()
@@ -363,9 +433,43 @@ public final class EntitlementsClient: Sendable {
             let handler = try await channel.eventLoop.submit {
                 NIOLoopBound(try channel.pipeline.syncOperations.handler(type: ClientConnectionHandler.self), eventLoop: channel.eventLoop)
             }.get()
-            return Connection(channel: channel, handler: handler)
+            let connection = Connection(channel: channel, handler: handler)
+            if let token = configuration.token {
+                try await self.authenticate(connection, token: token)
+            }
+            return connection
+        } catch let error as EntitlementsClientError {
+            throw error
         } catch {
             throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(configuration.server): \(error)")
         }
+    }
+
+    /// Presents the token on a new connection (docs/PROTOCOL.md, "Authentication"); a
+    /// refusal closes it and fails the call that wanted it, with the server's reason.
+    private func authenticate(_ connection: Connection, token: EntitlementsClientToken) async throws {
+        var payload = ByteBuffer()
+        do {
+            try AuthenticateRequest(token: try token.read()).serialize(into: &payload)
+            let request = payload
+            let frame = try await connection.channel.eventLoop.flatSubmit {
+                connection.handler.value.call(method: .authenticate, payload: request, timeout: self.configuration.connectTimeout)
+            }.get()
+            guard frame.status == .ok else {
+                throw EntitlementsClientError(code: frame.status, message: frame.message)
+            }
+        } catch {
+            try? await connection.channel.close()
+            if let error = error as? EntitlementsClientError {
+                throw error
+            }
+            throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(self.configuration.server): \(error)")
+        }
+    }
+
+    /// Whether `host` is an IP address (no name to check in the server's certificate: a
+    /// certificate for an address carries it as an IP SAN, which NIOSSL checks anyway).
+    static func isIPAddress(_ host: String) -> Bool {
+        (try? SocketAddress(ipAddress: host, port: 0)) != nil
     }
 }

@@ -1,3 +1,4 @@
+import EntitlementsSecurity
 import EntitlementsServer
 import NIOCore
 import NIOHTTP2
@@ -7,6 +8,8 @@ import NIOHTTP2
 final class DoorConnection {
     let methods: EntitlementMethods
     let eventLoop: any EventLoop
+    /// The connection's client certificate, if any; each call adds its bearer token.
+    let credentials: ConnectionCredentials
     private(set) var draining = false
     private var streams: [ObjectIdentifier: DoorStreamHandler] = [:]
     /// The highest stream id a handler was made for: the GOAWAY's last stream.
@@ -16,9 +19,10 @@ final class DoorConnection {
     /// Closes the connection gracefully, soon (set by ``DoorConnectionHandler``).
     var close: () -> Void = {}
 
-    init(methods: EntitlementMethods, eventLoop: any EventLoop) {
+    init(methods: EntitlementMethods, eventLoop: any EventLoop, credentials: ConnectionCredentials) {
         self.methods = methods
         self.eventLoop = eventLoop
+        self.credentials = credentials
     }
 
     var isIdle: Bool { self.streams.isEmpty }

@@ -1,4 +1,5 @@
 import EntitlementsMessages
+import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsWire
 import NIOCore
@@ -58,7 +59,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private var deadline: NIODeadline?
     private var deadlineTimer: Scheduled<Void>?
     /// Closed when the stream goes (reset by the client, or the connection closed).
-    private let scope = ConnectionScope()
+    private let scope: ConnectionScope
+    /// What this call may do: the connection's certificate and the call's bearer token.
+    private var access = CallerAccess.unrestricted
     private var watch: WatchStream?
     private var healthTimer: RepeatedTask?
     private var lastHealth: HealthCheckServingStatus?
@@ -67,6 +70,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     init(connection: DoorConnection) {
         self.connection = connection
+        self.scope = ConnectionScope(peer: connection.credentials.peer)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -194,6 +198,14 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(.unavailable, "the server is shutting down; retry on another server")
             return
         }
+        switch self.connection.credentials.access(authorization: headers.first(name: "authorization")) {
+        case .success(let access):
+            self.access = access
+        case .failure(let refusal):
+            self.methods.recordRefusal(refusal, listener: self.connection.credentials.security.policy.name, peer: self.scope.peer)
+            self.fail(refusal.status, refusal.message)
+            return
+        }
         switch self.timeout(headers) {
         case .success(let timeout):
             if let timeout {
@@ -266,7 +278,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(.unavailable, "the server is shutting down; resubscribe")
             return
         }
-        let context = CallContext(eventLoop: self.context.eventLoop, deadline: self.deadline, scope: self.scope)
+        let context = CallContext(eventLoop: self.context.eventLoop, deadline: self.deadline, scope: self.scope, access: self.access)
+        if let refused = self.methods.authorize(self.metricMethod, context) {
+            self.fail(refused.status, refused.message)
+            return
+        }
         if self.kind == .json {
             guard case .method(let method) = self.route else {
                 return

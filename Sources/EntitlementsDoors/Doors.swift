@@ -1,3 +1,4 @@
+public import EntitlementsSecurity
 public import EntitlementsServer
 import NIOCore
 import NIOHTTP1
@@ -13,9 +14,11 @@ import NIOHTTP2
 /// carries JSON only (curl's default).
 public enum Doors {
     /// The door of `serve --grpc-listen HOST:PORT`, for ``EntitlementsServer/start(store:configuration:group:resolverLoops:warmAt:metrics:logger:doors:report:)``.
-    public static func grpcAndJSON(host: String, port: Int) -> ServerDoor {
-        ServerDoor(name: "grpc", host: host, port: port) { channel, methods in
-            try channel.pipeline.syncOperations.addHandler(ProtocolSniffer(methods: methods))
+    /// `security` says who may do what through it, and its TLS (with ALPN `h2` and
+    /// `http/1.1`); a caller presents a token as `authorization: Bearer TOKEN`.
+    public static func grpcAndJSON(host: String, port: Int, security: ListenerSecurity = .open("grpc")) -> ServerDoor {
+        ServerDoor(name: "grpc", host: host, port: port, security: security) { channel, methods, credentials in
+            try channel.pipeline.syncOperations.addHandler(ProtocolSniffer(methods: methods, credentials: credentials))
         }
     }
 
@@ -29,8 +32,8 @@ public enum Doors {
     }
 
     /// Sets up an HTTP/2 connection's pipeline (on its event loop).
-    static func configureHTTP2(_ channel: any Channel, methods: EntitlementMethods) throws {
-        let connection = DoorConnection(methods: methods, eventLoop: channel.eventLoop)
+    static func configureHTTP2(_ channel: any Channel, methods: EntitlementMethods, credentials: ConnectionCredentials) throws {
+        let connection = DoorConnection(methods: methods, eventLoop: channel.eventLoop, credentials: credentials)
         let shared = NIOLoopBound(connection, eventLoop: channel.eventLoop)
         var connectionConfiguration = NIOHTTP2Handler.ConnectionConfiguration()
         connectionConfiguration.initialSettings = Self.settings(methods.configuration)
@@ -53,9 +56,9 @@ public enum Doors {
     }
 
     /// Sets up an HTTP/1.1 connection's pipeline (on its event loop).
-    static func configureHTTP1(_ channel: any Channel, methods: EntitlementMethods) throws {
+    static func configureHTTP1(_ channel: any Channel, methods: EntitlementMethods, credentials: ConnectionCredentials) throws {
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-        try channel.pipeline.syncOperations.addHandler(HTTPJSONHandler(methods: methods))
+        try channel.pipeline.syncOperations.addHandler(HTTPJSONHandler(methods: methods, credentials: credentials))
     }
 }
 
@@ -68,11 +71,13 @@ final class ProtocolSniffer: ChannelInboundHandler, RemovableChannelHandler {
 
     private static let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
     private let methods: EntitlementMethods
+    private let credentials: ConnectionCredentials
     private var buffered: ByteBuffer?
     private var timer: Scheduled<Void>?
 
-    init(methods: EntitlementMethods) {
+    init(methods: EntitlementMethods, credentials: ConnectionCredentials) {
         self.methods = methods
+        self.credentials = credentials
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -111,9 +116,9 @@ final class ProtocolSniffer: ChannelInboundHandler, RemovableChannelHandler {
         self.buffered = nil
         do {
             if http2 {
-                try Doors.configureHTTP2(context.channel, methods: self.methods)
+                try Doors.configureHTTP2(context.channel, methods: self.methods, credentials: self.credentials)
             } else {
-                try Doors.configureHTTP1(context.channel, methods: self.methods)
+                try Doors.configureHTTP1(context.channel, methods: self.methods, credentials: self.credentials)
             }
         } catch {
             context.close(promise: nil)

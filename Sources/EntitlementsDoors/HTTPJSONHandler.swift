@@ -1,3 +1,4 @@
+import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsWire
 import NIOCore
@@ -13,7 +14,8 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     typealias OutboundOut = HTTPServerResponsePart
 
     private let methods: EntitlementMethods
-    private let scope = ConnectionScope()
+    private let credentials: ConnectionCredentials
+    private let scope: ConnectionScope
     private var head: HTTPRequestHead?
     private var method: MethodID?
     private var body = ByteBuffer()
@@ -28,8 +30,10 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     private var removed = false
     private var generation = 0
 
-    init(methods: EntitlementMethods) {
+    init(methods: EntitlementMethods, credentials: ConnectionCredentials) {
         self.methods = methods
+        self.credentials = credentials
+        self.scope = ConnectionScope(peer: credentials.peer)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -125,8 +129,18 @@ final class HTTPJSONHandler: ChannelInboundHandler {
                 self.respond(context: loopBound.value, .gatewayTimeout, JSONMethods.errorBody(error), status: error.status)
             }
         }
+        let access: CallerAccess
+        switch self.credentials.access(authorization: head.headers.first(name: "authorization")) {
+        case .success(let granted):
+            access = granted
+        case .failure(let refusal):
+            self.methods.recordRefusal(refusal, listener: self.credentials.security.policy.name, peer: self.credentials.peer)
+            self.deadlineTimer?.cancel()
+            self.respond(context: context, JSONMethods.httpStatus(refusal.status), JSONMethods.errorBody(ServiceError(refusal.status, refusal.message)), status: refusal.status)
+            return
+        }
         self.methods.recordInFlight(1)
-        let callContext = CallContext(eventLoop: context.eventLoop, deadline: deadline, scope: self.scope)
+        let callContext = CallContext(eventLoop: context.eventLoop, deadline: deadline, scope: self.scope, access: access)
         let result = JSONMethods.call(method, body: self.body, methods: self.methods, context: callContext, draining: false)
         let finish: (Result<String, ServiceError>) -> Void = { result in
             self.methods.recordInFlight(-1)

@@ -13,7 +13,7 @@ enum DoorRoutes {
     static let healthPrefix = "/grpc.health.v1.Health/"
 
     /// Every method of the service by its name in service.proto.
-    static let methods: [String: MethodID] = Dictionary(uniqueKeysWithValues: MethodID.all.map { ("\($0)", $0) })
+    static let methods: [String: MethodID] = Dictionary(uniqueKeysWithValues: MethodID.all.filter { $0 != .authenticate }.map { ("\($0)", $0) })
 
     /// The method a path names, or nil.
     static func method(path: String) -> MethodID? {

@@ -1,10 +1,13 @@
+public import EntitlementsSecurity
 public import NIOCore
 import NIOHTTP1
 public import NIOPosix
 
 /// The admin HTTP listener (docs/operations.md): `/healthz` (the process is alive),
 /// `/readyz` (it serves checks: snapshot open, log replayed, caches warm, not draining) and
-/// `/metrics` (Prometheus text). GET only; anything else is 404 or 405.
+/// `/metrics` (Prometheus text). GET only; anything else is 404 or 405. With TLS settings
+/// it speaks HTTPS; `/metrics` needs the check permission (a bearer token or client
+/// certificate when `--admin-anonymous none`), the probes never do (docs/security.md).
 public final class AdminServer: Sendable {
     /// What the admin endpoints report; supplied by `serve`.
     public struct Endpoints: Sendable {
@@ -29,13 +32,26 @@ public final class AdminServer: Sendable {
     }
 
     /// Listens on `host:port`.
-    public static func start(host: String, port: Int, endpoints: Endpoints, group: MultiThreadedEventLoopGroup) async throws -> AdminServer {
+    /// Listens on `host:port`; `refused` counts and logs a refused request or connection.
+    public static func start(
+        host: String,
+        port: Int,
+        security: ListenerSecurity = .open("admin"),
+        endpoints: Endpoints,
+        group: MultiThreadedEventLoopGroup,
+        refused: @escaping @Sendable (Refusal, String) -> Void = { _, _ in }
+    ) async throws -> AdminServer {
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    let peer = channel.remoteAddress.map(EntitlementsServer.describe) ?? "-"
+                    let credentials = ConnectionCredentials(security: security, peer: peer)
+                    if let tls = security.tls {
+                        try tls.configure(channel, .http1, credentials: credentials) { refused($0, peer) }
+                    }
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(AdminHandler(endpoints: endpoints))
+                    try channel.pipeline.syncOperations.addHandler(AdminHandler(endpoints: endpoints, credentials: credentials, refused: refused))
                 }
             }
             .bind(host: host, port: port)
@@ -55,10 +71,14 @@ private final class AdminHandler: ChannelInboundHandler {
     typealias OutboundOut = HTTPServerResponsePart
 
     private let endpoints: AdminServer.Endpoints
+    private let credentials: ConnectionCredentials
+    private let refused: @Sendable (Refusal, String) -> Void
     private var head: HTTPRequestHead?
 
-    init(endpoints: AdminServer.Endpoints) {
+    init(endpoints: AdminServer.Endpoints, credentials: ConnectionCredentials, refused: @escaping @Sendable (Refusal, String) -> Void) {
         self.endpoints = endpoints
+        self.credentials = credentials
+        self.refused = refused
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -89,6 +109,18 @@ private final class AdminHandler: ChannelInboundHandler {
             let (ready, reason) = self.endpoints.readiness()
             self.send(ready ? .ok : .serviceUnavailable, reason + "\n", head: head, context: context)
         case "/metrics":
+            let refusal: Refusal?
+            switch self.credentials.access(authorization: head.headers.first(name: "authorization")) {
+            case .success(let access):
+                refusal = access.permissions.contains(.check) ? nil : access.refusal(needing: .check, method: "/metrics")
+            case .failure(let failure):
+                refusal = failure
+            }
+            if let refusal {
+                self.refused(refusal, self.credentials.peer)
+                self.send(refusal.status == .unauthenticated ? .unauthorized : .forbidden, refusal.message + "\n", head: head, context: context)
+                return
+            }
             let endpoints = self.endpoints
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             let promise = context.eventLoop.makePromise(of: [UInt8].self)

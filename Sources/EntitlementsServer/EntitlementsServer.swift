@@ -1,3 +1,4 @@
+public import EntitlementsSecurity
 public import EntitlementsStore
 import EntitlementsWire
 public import Logging
@@ -16,6 +17,11 @@ import Darwin
 public struct UnixSocketInUse: Error, CustomStringConvertible {
     public var path: String
     public var description: String { "another server is listening on \(self.path)" }
+}
+
+/// The Unix socket's mode or owner could not be set.
+public struct UnixSocketPermissionError: Error, CustomStringConvertible {
+    public var description: String
 }
 
 /// Whether the server is serving, and since when: what Health reports.
@@ -80,6 +86,18 @@ final class ServerServices: Sendable {
         }
     }
 
+    /// Counts a refused call or connection and logs it (at most once a second per listener
+    /// and reason), naming the peer and never a token.
+    func recordRefusal(_ refusal: Refusal, listener: String?, peer: String) {
+        let listener = listener ?? "-"
+        if self.metrics.refused(listener: listener, reason: refusal.reason.rawValue) {
+            self.logger.notice(
+                "refused",
+                metadata: ["listener": "\(listener)", "peer": "\(peer)", "reason": "\(refusal.reason.rawValue)", "status": "\(refusal.status)", "why": "\(refusal.message)"]
+            )
+        }
+    }
+
     /// Compacts now (the Compact method, `entitlements compact`).
     func compact() async throws -> CustomerStore.CompactionReport {
         let hotList = await self.pool.hotList()
@@ -115,13 +133,23 @@ public struct ServerDoor: Sendable {
     public var name: String
     public var host: String
     public var port: Int
-    /// Sets up an accepted connection's pipeline, on its event loop.
-    public var configure: @Sendable (any Channel, EntitlementMethods) throws -> Void
+    /// Who may do what through the door, and its TLS (added before `configure` runs).
+    public var security: ListenerSecurity
+    /// Sets up an accepted connection's pipeline, on its event loop, after TLS if any; the
+    /// credentials are the connection's (its client certificate, once the handshake is done).
+    public var configure: @Sendable (any Channel, EntitlementMethods, ConnectionCredentials) throws -> Void
 
-    public init(name: String, host: String, port: Int, configure: @escaping @Sendable (any Channel, EntitlementMethods) throws -> Void) {
+    public init(
+        name: String,
+        host: String,
+        port: Int,
+        security: ListenerSecurity,
+        configure: @escaping @Sendable (any Channel, EntitlementMethods, ConnectionCredentials) throws -> Void
+    ) {
         self.name = name
         self.host = host
         self.port = port
+        self.security = security
         self.configure = configure
     }
 }
@@ -244,11 +272,16 @@ public final class EntitlementsServer: Sendable {
         // listener it was given only, so with one for both the Unix socket's connections
         // were never drained.
         var quiescing: [ServerQuiescingHelper] = []
-        func bootstrap(_ configure: @escaping @Sendable (any Channel) throws -> Void = { channel in
-            try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods, eventLoop: channel.eventLoop))
-        }, refuse: @escaping @Sendable (any Channel) throws -> Void = { channel in
-            try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
-        }) -> ServerBootstrap {
+        func bootstrap(
+            _ security: ListenerSecurity,
+            _ protocols: ServerTLS.Protocols = .framed,
+            _ configure: @escaping @Sendable (any Channel, ConnectionCredentials) throws -> Void = { channel, credentials in
+                try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods, eventLoop: channel.eventLoop, credentials: credentials))
+            },
+            refuse: @escaping @Sendable (any Channel) throws -> Void = { channel in
+                try channel.pipeline.syncOperations.addHandler(RefusedConnectionHandler(maximum: configuration.maximumConnections))
+            }
+        ) -> ServerBootstrap {
             let helper = ServerQuiescingHelper(group: group)
             quiescing.append(helper)
             return ServerBootstrap(group: group)
@@ -264,7 +297,13 @@ public final class EntitlementsServer: Sendable {
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         guard services.connections.admit() else {
-                            try refuse(channel)
+                            if security.tls != nil {
+                                // A refusal in the clear means nothing to a TLS client.
+                                logger.info("connection refused", metadata: ["listener": "\(security.policy.name)", "connections": "\(configuration.maximumConnections)"])
+                                channel.close(promise: nil)
+                            } else {
+                                try refuse(channel)
+                            }
                             return
                         }
                         services.metrics.connections.increment()
@@ -275,7 +314,14 @@ public final class EntitlementsServer: Sendable {
                             services.metrics.connections.decrement()
                             services.channels.withLock { $0[id] = nil }
                         }
-                        try configure(channel)
+                        let peer = channel.remoteAddress.map(Self.describe) ?? security.policy.name
+                        let credentials = ConnectionCredentials(security: security, peer: peer)
+                        if let tls = security.tls {
+                            try tls.configure(channel, protocols, credentials: credentials) { refusal in
+                                services.recordRefusal(refusal, listener: security.policy.name, peer: peer)
+                            }
+                        }
+                        try configure(channel, credentials)
                     }
                 }
         }
@@ -284,7 +330,7 @@ public final class EntitlementsServer: Sendable {
         var doorAddresses: [String: SocketAddress] = [:]
         do {
             if let tcp = configuration.tcp {
-                let channel = try await bootstrap().bind(host: tcp.host, port: tcp.port).get()
+                let channel = try await bootstrap(configuration.tcpSecurity).bind(host: tcp.host, port: tcp.port).get()
                 listeners.append(channel)
                 tcpAddress = channel.localAddress
             }
@@ -294,12 +340,21 @@ public final class EntitlementsServer: Sendable {
                 if Self.someoneListens(onUnixSocket: path) {
                     throw UnixSocketInUse(path: path)
                 }
-                let channel = try await bootstrap().bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+                // Bound at a private name, given its mode and owner, then renamed into
+                // place: no client can connect before the file's permissions are right.
+                let temporary = path + ".\(getpid()).binding"
+                let channel = try await bootstrap(configuration.unixSecurity).bind(unixDomainSocketPath: temporary, cleanupExistingSocketFile: true).get()
                 listeners.append(channel)
+                try Self.setUnixSocketPermissions(temporary, configuration)
+                guard rename(temporary, path) == 0 else {
+                    let reason = String(cString: strerror(errno))
+                    unlink(temporary)
+                    throw UnixSocketPermissionError(description: "cannot move the socket into place at \(path): \(reason)")
+                }
             }
             for door in doors {
-                let channel = try await bootstrap({ channel in
-                    try door.configure(channel, methods)
+                let channel = try await bootstrap(door.security, .http, { channel, credentials in
+                    try door.configure(channel, methods, credentials)
                 }, refuse: { channel in
                     // Not framed: the door's protocol has no way to say why before it
                     // starts, so the connection is closed (and the refusal logged).
@@ -324,6 +379,33 @@ public final class EntitlementsServer: Sendable {
             quiescing: quiescing,
             group: group
         )
+    }
+
+    /// A peer's address for logs: `10.0.0.5:51234`, `[::1]:51234`, or `unix`.
+    public static func describe(_ address: SocketAddress) -> String {
+        switch address {
+        case .v4: "\(address.ipAddress ?? "?"):\(address.port ?? 0)"
+        case .v6: "[\(address.ipAddress ?? "?")]:\(address.port ?? 0)"
+        case .unixDomainSocket: "unix"
+        }
+    }
+
+    /// Gives the socket file its mode and owner (--unix-mode, --unix-owner).
+    static func setUnixSocketPermissions(_ path: String, _ configuration: ServerConfiguration) throws {
+        if configuration.unixSocketOwner != nil || configuration.unixSocketGroup != nil {
+            let owner = configuration.unixSocketOwner.map { uid_t($0) } ?? uid_t.max  // -1: unchanged
+            let group = configuration.unixSocketGroup.map { gid_t($0) } ?? gid_t.max
+            guard chown(path, owner, group) == 0 else {
+                let reason = String(cString: strerror(errno))
+                unlink(path)
+                throw UnixSocketPermissionError(description: "cannot give the socket owner \(configuration.unixSocketOwner.map(String.init) ?? "-") and group \(configuration.unixSocketGroup.map(String.init) ?? "-"): \(reason) (changing the owner needs root; the group, membership of it)")
+            }
+        }
+        guard chmod(path, mode_t(configuration.unixSocketMode)) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(path)
+            throw UnixSocketPermissionError(description: "cannot set the socket's mode to \(String(configuration.unixSocketMode, radix: 8)): \(reason)")
+        }
     }
 
     /// Whether a server accepts connections on the Unix socket at `path`.

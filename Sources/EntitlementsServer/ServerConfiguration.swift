@@ -1,3 +1,4 @@
+public import EntitlementsSecurity
 public import EntitlementsStore
 public import EntitlementsWire
 public import NIOCore
@@ -49,6 +50,16 @@ public struct ServerConfiguration: Sendable {
     public var maximumStaleness: TimeAmount?
     /// What a stale server does with checks. Default `.open`.
     public var stalePolicy: StalePolicy
+    /// Who may do what on the TCP listener, its tokens and TLS (docs/security.md).
+    /// Default: anyone may do anything, in the clear (`serve` applies its settings).
+    public var tcpSecurity: ListenerSecurity = .open("tcp")
+    /// The same for the Unix socket (never TLS: the file's mode and owner guard it).
+    public var unixSecurity: ListenerSecurity = .open("unix")
+    /// The Unix socket file's mode. Default 0660: the owner and the group may connect.
+    public var unixSocketMode: UInt32 = 0o660
+    /// The Unix socket file's owner and group ids; nil keeps the server's.
+    public var unixSocketOwner: UInt32?
+    public var unixSocketGroup: UInt32?
 
     /// What a fleet server past ``maximumStaleness`` does with checks and batches.
     public enum StalePolicy: String, Sendable, CaseIterable {

@@ -1,4 +1,5 @@
 import EntitlementsMessages
+import EntitlementsSecurity
 import EntitlementsStore
 import EntitlementsWire
 import NIOCore
@@ -65,7 +66,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var lastRequestID: UInt64 = 0
     private var draining = false
     /// Tells resolvers on other loops when this connection has closed.
-    private let scope: ConnectionScope = ConnectionScope()
+    private let scope: ConnectionScope
+    /// Who the client is, and what it may do (docs/security.md).
+    private let credentials: ConnectionCredentials
     /// Set after a connection error, or when a drained connection closes: no more frames are read.
     private var closing = false
     /// Reads stop while too many calls are in flight, or while the socket cannot take
@@ -77,13 +80,18 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private var outgoing = ByteBuffer()
     private var context: ChannelHandlerContext!
 
-    /// The context of a call without a deadline, made once: a check passes it as it is, so
-    /// the hot path retains neither the loop nor the scope.
-    private let plainCall: CallContext
+    /// The context of a call without a deadline, made once (and again when the
+    /// connection's access changes): a check passes it as it is, so the hot path retains
+    /// neither the loop nor the scope.
+    private var plainCall: CallContext
+    /// The credentials' access version that `plainCall` carries.
+    private var accessVersion = -1
 
-    init(methods: EntitlementMethods, eventLoop: any EventLoop) {
+    init(methods: EntitlementMethods, eventLoop: any EventLoop, credentials: ConnectionCredentials) {
         self.methods = methods
-        self.plainCall = CallContext(eventLoop: eventLoop, deadline: nil, scope: self.scope)
+        self.credentials = credentials
+        self.scope = ConnectionScope(peer: credentials.peer)
+        self.plainCall = CallContext(eventLoop: eventLoop, deadline: nil, scope: self.scope, access: credentials.access)
         self.services = methods.services
         self.configuration = methods.configuration
         self.frames = NIOSingleStepByteToMessageProcessor(FrameDecoder(maximumPayloadSize: methods.configuration.maximumPayloadSize))
@@ -257,6 +265,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         let deadline = frame.timeoutMicroseconds > 0
             ? self.current.start + .microseconds(Int64(frame.timeoutMicroseconds)) : nil
+        if self.credentials.accessChanged(since: &self.accessVersion) {
+            self.plainCall.access = self.credentials.access
+        }
         switch frame.method {
         case .checkEntitlements:
             self.check(frame, deadline: deadline)
@@ -270,14 +281,39 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.watch(frame)
         case .compact:
             self.compact(frame)
+        case .authenticate:
+            self.authenticate(frame)
         default:
             self.fail(frame.requestID, .unimplemented, "\(frame.method) is not implemented by this server")
         }
     }
 
-    /// The call's context: this connection's loop and scope, and the frame's deadline.
+    /// The call's context: this connection's loop, scope and access, and the frame's deadline.
     private func callContext(_ deadline: NIODeadline?) -> CallContext {
-        deadline == nil ? self.plainCall : CallContext(eventLoop: self.context.eventLoop, deadline: deadline, scope: self.scope)
+        deadline == nil ? self.plainCall : CallContext(eventLoop: self.context.eventLoop, deadline: deadline, scope: self.scope, access: self.plainCall.access)
+    }
+
+    /// Authenticate (method 5): a token from --auth-token-file gives this connection its
+    /// permissions, for the calls after it (pipelined ones included: frames are handled in
+    /// order). A wrong token is refused and changes nothing.
+    private func authenticate(_ frame: Frame) {
+        let request: AuthenticateRequest
+        do {
+            request = try AuthenticateRequest(buffer: frame.payload)
+        } catch {
+            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            return
+        }
+        switch self.credentials.authenticate(token: (request.token ?? "").utf8) {
+        case .success(let permissions):
+            let response = AuthenticateResponse(check: permissions.contains(.check), write: permissions.contains(.write))
+            self.run(frame.requestID, deadline: nil, .now(.success(response))) { response, buffer in
+                (try? response.serialize(into: &buffer)) == nil ? nil : []
+            }
+        case .failure(let refusal):
+            self.methods.recordRefusal(refusal, listener: self.credentials.security.policy.name, peer: self.credentials.peer)
+            self.fail(frame.requestID, refusal.status, refusal.message)
+        }
     }
 
     private func check(_ frame: Frame, deadline: NIODeadline?) {
@@ -335,7 +371,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.fail(frame.requestID, .invalidArgument, "\(error)")
             return
         }
-        self.run(frame.requestID, deadline: nil, .now(.success(self.methods.health(draining: self.draining)))) { response, buffer in
+        self.run(frame.requestID, deadline: nil, .now(self.methods.health(self.plainCall, draining: self.draining))) { response, buffer in
             (try? response.serialize(into: &buffer)) == nil ? nil : []
         }
     }

@@ -49,6 +49,11 @@ public final class ServerMetrics: Sendable {
     /// refresh adds what happened since.
     private let lastCache = Mutex(LRUCache.Statistics())
     private let snapshotLabel = Mutex<(String, Meter)?>(nil)
+    /// Refused calls and connections by listener and reason, made the first time each
+    /// pair happens; and when each pair was last logged.
+    private let refusals = Mutex<[String: (counter: Counter, lastLogged: NIODeadline?)]>([:])
+    /// Reloads of the token file and TLS files that failed (the old ones stay in use).
+    public let reloadFailures: Counter
 
     public init(factory: any MetricsFactory = MetricsSystem.factory) {
         self.factory = factory
@@ -73,6 +78,28 @@ public final class ServerMetrics: Sendable {
         self.logSequence = Meter(label: "entitlements_log_sequence", factory: factory)
         self.overlayCustomers = Meter(label: "entitlements_overlay_customers", factory: factory)
         self.ready = Meter(label: "entitlements_ready", factory: factory)
+        self.reloadFailures = Counter(label: "entitlements_auth_reload_failures_total", factory: factory)
+    }
+
+    /// Counts a refusal (`entitlements_auth_refusals_total{listener,reason}`); true when it
+    /// should be logged: the first of its listener and reason in a second.
+    func refused(listener: String, reason: String) -> Bool {
+        let key = listener + "/" + reason
+        let now = NIODeadline.now()
+        let factory = self.factory
+        return self.refusals.withLock { refusals in
+            var entry = refusals[key] ?? (
+                Counter(label: "entitlements_auth_refusals_total", dimensions: [("listener", listener), ("reason", reason)], factory: factory),
+                nil
+            )
+            entry.counter.increment()
+            let log = entry.lastLogged.map { now - $0 >= .seconds(1) } ?? true
+            if log {
+                entry.lastLogged = now
+            }
+            refusals[key] = entry
+            return log
+        }
     }
 
     /// Counts `count` answered requests of one kind, read at `start`, and their latency

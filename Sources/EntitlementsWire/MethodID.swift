@@ -17,6 +17,9 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
     public static let watchEntitlements = MethodID(rawValue: 3)
     /// `HealthRequest` -> `HealthResponse`.
     public static let health = MethodID(rawValue: 4)
+    /// `AuthenticateRequest` -> `AuthenticateResponse`: the framed protocol's way to present
+    /// a token (docs/PROTOCOL.md, "Authentication").
+    public static let authenticate = MethodID(rawValue: 5)
     /// `RecordTransactionRequest` -> `WriteResponse`.
     public static let recordTransaction = MethodID(rawValue: 16)
     /// `UpdateSubscriptionStateRequest` -> `WriteResponse`.
@@ -34,7 +37,7 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
 
     /// Every method of protocol version 1, in method-id order.
     public static let all: [MethodID] = [
-        .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health,
+        .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health, .authenticate,
         .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant,
         .linkAlias, .deleteCustomer, .compact,
     ]
@@ -46,6 +49,7 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
         case .batchCheckEntitlements: "BatchCheckEntitlements"
         case .watchEntitlements: "WatchEntitlements"
         case .health: "Health"
+        case .authenticate: "Authenticate"
         case .recordTransaction: "RecordTransaction"
         case .updateSubscriptionState: "UpdateSubscriptionState"
         case .grantEntitlement: "GrantEntitlement"

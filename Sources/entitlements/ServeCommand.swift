@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import EntitlementsDoors
 import EntitlementsFleet
+import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsStore
 import Foundation
@@ -102,6 +103,36 @@ struct ServeCommand: AsyncParsableCommand {
     var maxStaleness: String?
     @Option(help: "Fleet mode: a stale server answers checks flagged stale (open, the default) or refuses them with UNAVAILABLE (closed).")
     var stalePolicy: String?
+    @Option(help: "Accepted tokens, one a line: TOKEN [check|write|check,write] (docs/security.md). Reloaded when the file changes and on SIGHUP.")
+    var authTokenFile: String?
+    @Flag(help: "Let a listener on a non-loopback address take writes from callers without credentials (turns protected mode off).")
+    var allowUnauthenticatedWrites = false
+    @Option(help: "What the TCP listener serves at all: none, check, write or check,write (default).")
+    var listenPermissions: String?
+    @Option(help: "What a caller without credentials may do on the TCP listener. Default: check with --auth-token-file or --tls-client-ca, else check,write.")
+    var listenAnonymous: String?
+    @Option(help: "What the Unix socket serves at all (default check,write).")
+    var unixPermissions: String?
+    @Option(help: "What a caller without credentials may do on the Unix socket (default check,write: the file's mode decides who connects).")
+    var unixAnonymous: String?
+    @Option(help: "The Unix socket file's mode, octal (default 0660).")
+    var unixMode: String?
+    @Option(help: "The Unix socket file's owner and group: USER[:GROUP] or :GROUP, names or ids.")
+    var unixOwner: String?
+    @Option(help: "What the gRPC and HTTP/JSON door serves at all (default check,write).")
+    var grpcPermissions: String?
+    @Option(help: "What a caller without credentials may do through the door (default as --listen-anonymous).")
+    var grpcAnonymous: String?
+    @Option(help: "check (default): /metrics is open; none: /metrics needs a token. /healthz and /readyz are always open.")
+    var adminAnonymous: String?
+    @Option(help: "TLS on the TCP listeners (framed, door, admin): the certificate chain file, PEM. Reloaded on SIGHUP.")
+    var tlsCert: String?
+    @Option(help: "The private key of --tls-cert, PEM, unencrypted.")
+    var tlsKey: String?
+    @Option(help: "Mutual TLS: clients must present a certificate this CA (PEM) signed; it counts as authentication.")
+    var tlsClientCa: String?
+    @Option(help: "What a client certificate may do, by its subject's common name: NAME=PERMISSIONS entries, * for the rest (default *=check,write).")
+    var tlsClientPermissions: String?
 
     /// The flags given, by setting name.
     private var flagValues: [String: String] {
@@ -115,12 +146,19 @@ struct ServeCommand: AsyncParsableCommand {
             ("admin", self.admin), ("grpc-listen", self.grpcListen), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
             ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy), ("fleet-read-url", self.fleetReadUrl),
+            ("auth-token-file", self.authTokenFile), ("listen-permissions", self.listenPermissions), ("listen-anonymous", self.listenAnonymous),
+            ("unix-permissions", self.unixPermissions), ("unix-anonymous", self.unixAnonymous), ("unix-mode", self.unixMode), ("unix-owner", self.unixOwner),
+            ("grpc-permissions", self.grpcPermissions), ("grpc-anonymous", self.grpcAnonymous), ("admin-anonymous", self.adminAnonymous),
+            ("tls-cert", self.tlsCert), ("tls-key", self.tlsKey), ("tls-client-ca", self.tlsClientCa), ("tls-client-permissions", self.tlsClientPermissions),
         ]
         for case let (name, value?) in options {
             values[name] = value
         }
         if self.noTcp {
             values["no-tcp"] = "true"
+        }
+        if self.allowUnauthenticatedWrites {
+            values["allow-unauthenticated-writes"] = "true"
         }
         return values
     }
@@ -135,7 +173,8 @@ struct ServeCommand: AsyncParsableCommand {
 
     func run() async throws {
         let settings = try self.settings()
-        let configuration = try settings.serverConfiguration()
+        let security = try settings.listenerSecurity()
+        let configuration = try settings.serverConfiguration(security: security)
         let threads = try settings.integer("threads", in: 1...1_024)
         if self.printConfig {
             print(settings.printed)
@@ -165,6 +204,7 @@ struct ServeCommand: AsyncParsableCommand {
                 admin = try await AdminServer.start(
                     host: host,
                     port: port,
+                    security: security.admin,
                     endpoints: .init(readiness: { running.describe(readiness.state()) }) {
                         await running.server?.refreshMetrics()
                         if let fleet = running.fleet {
@@ -174,7 +214,8 @@ struct ServeCommand: AsyncParsableCommand {
                         registry.emit(into: &bytes)
                         return bytes
                     },
-                    group: .singleton
+                    group: .singleton,
+                    refused: { refusal, peer in running.server?.methods.recordRefusal(refusal, listener: "admin", peer: peer) }
                 )
                 Self.say("admin listening on \(host):\(admin?.address?.port ?? port)")
             } catch {
@@ -210,7 +251,7 @@ struct ServeCommand: AsyncParsableCommand {
                 group: MultiThreadedEventLoopGroup(numberOfThreads: threads),
                 metrics: metrics,
                 logger: logger,
-                doors: try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1)] } ?? []
+                doors: try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1, security: security.grpc)] } ?? []
             ) { message in
                 logger.notice("\(message)")
             }
@@ -236,6 +277,7 @@ struct ServeCommand: AsyncParsableCommand {
         if let address = server.doorAddresses["grpc"] {
             Self.say("grpc listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
         }
+        Self.describe(security, configuration)
         readiness.set(.ready)
 
         // Lifecycle: the first SIGTERM/SIGINT drains, within --drain-timeout; a second one
@@ -249,6 +291,10 @@ struct ServeCommand: AsyncParsableCommand {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: signalHandler, successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
         ]
+        if security.tokens != nil || security.tls != nil {
+            let reloader = CredentialReloader(tokens: security.tokens, tls: security.tls, signals: await UnixSignalsSequence(trapping: .sighup), metrics: metrics, say: Self.say)
+            services.append(.init(service: reloader, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
+        }
         if let fleet {
             // Shut down after the server (services stop in reverse order): the tailer keeps
             // applying while accepted calls finish.
@@ -286,6 +332,24 @@ struct ServeCommand: AsyncParsableCommand {
             ? "second signal: closed \(server.connectionCount) connections without finishing the drain"
             : "the drain did not finish within --drain-timeout; closed the remaining connections")
         throw ExitCode(1)
+    }
+
+    /// Says how each listener is guarded, once at start (never a token).
+    static func describe(_ security: ServeSecurity, _ configuration: ServerConfiguration) {
+        if let tokens = security.tokens {
+            Self.say("auth: \(tokens.count) tokens from \(tokens.path)")
+        }
+        if let tls = security.tls {
+            Self.say("tls: \(tls.files.certificate), valid until \(ServerTLS.date(tls.notValidAfter))\(tls.requiresClientCertificates ? "; client certificates required (\(tls.files.clientCA ?? "-"))" : "")")
+        }
+        var listeners = [security.tcp, security.grpc]
+        if configuration.unixSocketPath != nil {
+            listeners.append(security.unix)
+        }
+        for listener in listeners {
+            let policy = listener.policy
+            Self.say("permissions: \(policy.name) serves \(policy.granted), anonymous callers \(policy.anonymous.intersection(policy.granted))\(listener.tls != nil ? ", TLS" : "")")
+        }
     }
 
     static func openStore(_ settings: ServeSettings) throws -> CustomerStore {
@@ -518,6 +582,74 @@ final class FleetService: Service, Sendable {
             self.failed.withLock { $0 = error as? FleetError ?? FleetError(.local, "\(error)") }
             self.logger.error("fleet: cannot follow the change log: \(error)")
             throw error
+        }
+    }
+}
+
+/// Reloads the token file when it changes (checked every second) and the token file and
+/// TLS files on SIGHUP. A file that cannot be used is reported and the old one kept
+/// (counted in entitlements_auth_reload_failures_total).
+final class CredentialReloader: Service, Sendable {
+    private let tokens: AccessTokens?
+    private let tls: ServerTLS?
+    private let signals: UnixSignalsSequence
+    private let metrics: ServerMetrics
+    private let say: @Sendable (String) -> Void
+
+    init(tokens: AccessTokens?, tls: ServerTLS?, signals: UnixSignalsSequence, metrics: ServerMetrics, say: @escaping @Sendable (String) -> Void) {
+        self.tokens = tokens
+        self.tls = tls
+        self.signals = signals
+        self.metrics = metrics
+        self.say = say
+    }
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown {
+            await withTaskGroup(of: Void.self) { tasks in
+                tasks.addTask {
+                    for await _ in self.signals {
+                        self.reloadTokens(always: true)
+                        self.reloadTLS()
+                    }
+                }
+                tasks.addTask {
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: .seconds(1))
+                        self.reloadTokens(always: false)
+                    }
+                }
+                await tasks.next()
+                tasks.cancelAll()
+            }
+        }
+    }
+
+    private func reloadTokens(always: Bool) {
+        guard let tokens = self.tokens else {
+            return
+        }
+        do {
+            let changed = always ? try tokens.reload() : try tokens.reloadIfChanged()
+            if let changed {
+                self.say(changed ? "auth: reloaded \(tokens.path): \(tokens.count) tokens" : "auth: \(tokens.path) unchanged")
+            }
+        } catch {
+            self.metrics.reloadFailures.increment()
+            self.say("auth: cannot reload, keeping the tokens in use: \(error)")
+        }
+    }
+
+    private func reloadTLS() {
+        guard let tls = self.tls else {
+            return
+        }
+        do {
+            try tls.reload()
+            self.say("tls: reloaded \(tls.files.certificate), valid until \(ServerTLS.date(tls.notValidAfter))")
+        } catch {
+            self.metrics.reloadFailures.increment()
+            self.say("tls: cannot reload, keeping the certificate in use: \(error)")
         }
     }
 }

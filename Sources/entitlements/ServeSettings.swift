@@ -1,11 +1,22 @@
 import ArgumentParser
 import EntitlementsFleet
+import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsStore
 import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+
+/// Every listener's security, and the files they share (reloaded together on SIGHUP).
+struct ServeSecurity {
+    var tcp: ListenerSecurity
+    var unix: ListenerSecurity
+    var grpc: ListenerSecurity
+    var admin: ListenerSecurity
+    var tokens: AccessTokens?
+    var tls: ServerTLS?
+}
 
 /// The settings of `serve`, from flags, `ENTITLEMENTS_*` environment variables and an
 /// optional JSON config file, in that order of precedence, each validated with a message
@@ -54,6 +65,21 @@ struct ServeSettings {
         Key(name: "max-staleness", defaultValue: "30s", help: "fleet mode: past this long since the last successful poll of PostgreSQL, check answers are stale (--stale-policy)"),
         Key(name: "stale-policy", defaultValue: "open", help: "fleet mode: what a stale server does with checks: open (answer, flagged stale) or closed (UNAVAILABLE; Health and /readyz not serving)"),
         Key(name: "fleet-write-wait", defaultValue: "1s", help: "fleet mode: how long a write waits, after COMMIT, for this server to apply it"),
+        Key(name: "auth-token-file", defaultValue: nil, help: "accepted tokens, one a line: TOKEN [check|write|check,write] (docs/security.md); reloaded on change and on SIGHUP"),
+        Key(name: "allow-unauthenticated-writes", defaultValue: "false", help: "let a listener on a non-loopback address take writes from callers without credentials (protected mode off)"),
+        Key(name: "listen-permissions", defaultValue: "check,write", help: "what the TCP listener serves at all: none, check, write or check,write"),
+        Key(name: "listen-anonymous", defaultValue: nil, help: "what a caller without credentials may do on the TCP listener; default check with --auth-token-file or --tls-client-ca, else check,write"),
+        Key(name: "unix-permissions", defaultValue: "check,write", help: "what the Unix socket serves at all"),
+        Key(name: "unix-anonymous", defaultValue: "check,write", help: "what a caller without credentials may do on the Unix socket (its file mode decides who can connect)"),
+        Key(name: "unix-mode", defaultValue: "0660", help: "the Unix socket file's mode, octal"),
+        Key(name: "unix-owner", defaultValue: nil, help: "the Unix socket file's owner and group, USER[:GROUP] or :GROUP (names or ids)"),
+        Key(name: "grpc-permissions", defaultValue: "check,write", help: "what the gRPC and HTTP/JSON door serves at all"),
+        Key(name: "grpc-anonymous", defaultValue: nil, help: "what a caller without credentials may do through the door; default as --listen-anonymous"),
+        Key(name: "admin-anonymous", defaultValue: "check", help: "whether the admin listener's /metrics needs a token: check (no) or none (yes); /healthz and /readyz are always open"),
+        Key(name: "tls-cert", defaultValue: nil, help: "TLS on the TCP listeners (framed, door, admin): the certificate chain, PEM; reloaded on SIGHUP"),
+        Key(name: "tls-key", defaultValue: nil, help: "the private key of --tls-cert, PEM, unencrypted"),
+        Key(name: "tls-client-ca", defaultValue: nil, help: "mutual TLS: clients must present a certificate this CA (PEM) signed; it counts as authentication"),
+        Key(name: "tls-client-permissions", defaultValue: "*=check,write", help: "what a client certificate may do, by subject common name: NAME=PERMISSIONS ... (* for the rest)"),
     ]
 
     /// A value and where it came from.
@@ -223,8 +249,145 @@ struct ServeSettings {
         return level
     }
 
+    // MARK: Security (docs/security.md)
+
+    func permissions(_ name: String) throws -> Permissions? {
+        guard let text = self.text(name) else {
+            return nil
+        }
+        guard let permissions = Permissions(parsing: text) else {
+            throw ValidationError("\(self.origin(name)) \"\(text)\" must be \(Permissions.accepted)")
+        }
+        return permissions
+    }
+
+    /// The token file, read and checked; nil without --auth-token-file.
+    func accessTokens() throws -> AccessTokens? {
+        guard let path = self.text("auth-token-file") else {
+            return nil
+        }
+        do {
+            return try AccessTokens(path: path)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+    }
+
+    /// TLS for the TCP listeners, loaded and checked; nil without --tls-cert.
+    func serverTLS() throws -> ServerTLS? {
+        let certificate = self.text("tls-cert")
+        let key = self.text("tls-key")
+        guard let certificate, let key else {
+            if certificate != nil || key != nil {
+                throw ValidationError("--tls-cert and --tls-key go together: give both, or neither")
+            }
+            if self.text("tls-client-ca") != nil {
+                throw ValidationError("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first")
+            }
+            return nil
+        }
+        do {
+            let clientPermissions = try ClientCertificatePermissions(parsing: self.text("tls-client-permissions") ?? "*=check,write", origin: self.origin("tls-client-permissions"))
+            return try ServerTLS(files: .init(certificate: certificate, privateKey: key, clientCA: self.text("tls-client-ca")), clientPermissions: clientPermissions)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+    }
+
+    /// Each listener's security: its permissions, the tokens, TLS on the TCP ones; and
+    /// protected mode, which refuses a listener on a non-loopback address that would take
+    /// writes from anyone.
+    func listenerSecurity() throws -> ServeSecurity {
+        let tokens = try self.accessTokens()
+        let tls = try self.serverTLS()
+        let credentials = tokens != nil || tls?.requiresClientCertificates == true
+        let tcpAnonymous = try self.permissions("listen-anonymous") ?? (credentials ? .check : .all)
+        let tcp = ListenerPolicy(name: "tcp", granted: try self.permissions("listen-permissions") ?? .all, anonymous: tcpAnonymous)
+        let unix = ListenerPolicy(name: "unix", granted: try self.permissions("unix-permissions") ?? .all, anonymous: try self.permissions("unix-anonymous") ?? .all)
+        let grpc = ListenerPolicy(name: "grpc", granted: try self.permissions("grpc-permissions") ?? .all, anonymous: try self.permissions("grpc-anonymous") ?? tcpAnonymous)
+        let adminAnonymous = try self.permissions("admin-anonymous") ?? .check
+        guard adminAnonymous == .check || adminAnonymous == .none else {
+            throw ValidationError("\(self.origin("admin-anonymous")) must be check (/metrics open) or none (/metrics needs a token)")
+        }
+        let admin = ListenerPolicy(name: "admin", granted: .check, anonymous: adminAnonymous)
+        if adminAnonymous == .none, tokens == nil, tls?.requiresClientCertificates != true {
+            throw ValidationError("\(self.origin("admin-anonymous")) none needs --auth-token-file (or --tls-client-ca): else nobody could read /metrics")
+        }
+        if !(try self.bool("allow-unauthenticated-writes")) {
+            var exposed: [(String, (host: String, port: Int), ListenerPolicy)] = []
+            if !(try self.bool("no-tcp")), let address = try self.address("listen") {
+                exposed.append(("--listen", address, tcp))
+            }
+            if let address = try self.address("grpc-listen") {
+                exposed.append(("--grpc-listen", address, grpc))
+            }
+            for (flag, address, policy) in exposed where !Self.isLoopback(address.host) && policy.anonymous.intersection(policy.granted).contains(.write) {
+                let printed = address.host.contains(":") ? "[\(address.host)]:\(address.port)" : "\(address.host):\(address.port)"
+                throw ValidationError(
+                    "refusing to start (protected mode, docs/security.md): \(flag) \(printed) is not a loopback address, and it would take writes from anyone who can reach it. Set --auth-token-file FILE so that writers present a token, or \(policy.grantedSetting) check to serve reads only there, or --allow-unauthenticated-writes if every client that can reach it is trusted"
+                )
+            }
+        }
+        return ServeSecurity(
+            tcp: ListenerSecurity(policy: tcp, tokens: tokens, tls: tls),
+            unix: ListenerSecurity(policy: unix, tokens: tokens),
+            grpc: ListenerSecurity(policy: grpc, tokens: tokens, tls: tls),
+            admin: ListenerSecurity(policy: admin, tokens: tokens, tls: tls),
+            tokens: tokens,
+            tls: tls
+        )
+    }
+
+    /// Whether `host` names this machine only: 127.0.0.0/8, ::1, localhost.
+    static func isLoopback(_ host: String) -> Bool {
+        host == "localhost" || host == "::1" || host.hasPrefix("127.")
+    }
+
+    /// --unix-mode, octal.
+    func unixMode() throws -> UInt32 {
+        let text = self.text("unix-mode") ?? "0660"
+        guard let mode = UInt32(text, radix: 8), mode <= 0o777 else {
+            throw ValidationError("\(self.origin("unix-mode")) \"\(text)\" is not a file mode in octal, e.g. 0660 or 0600")
+        }
+        return mode
+    }
+
+    /// --unix-owner USER[:GROUP] or :GROUP, as ids.
+    func unixOwner() throws -> (owner: UInt32?, group: UInt32?) {
+        guard let text = self.text("unix-owner") else {
+            return (nil, nil)
+        }
+        let parts = text.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+        var owner: UInt32?
+        var group: UInt32?
+        if let user = parts.first, !user.isEmpty {
+            if let id = UInt32(user) {
+                owner = id
+            } else if let entry = getpwnam(user) {
+                owner = entry.pointee.pw_uid
+            } else {
+                throw ValidationError("\(self.origin("unix-owner")): no user \"\(user)\" on this machine")
+            }
+        }
+        if parts.count == 2, !parts[1].isEmpty {
+            if let id = UInt32(parts[1]) {
+                group = id
+            } else if let entry = getgrnam(parts[1]) {
+                group = entry.pointee.gr_gid
+            } else {
+                throw ValidationError("\(self.origin("unix-owner")): no group \"\(parts[1])\" on this machine")
+            }
+        }
+        guard owner != nil || group != nil else {
+            throw ValidationError("\(self.origin("unix-owner")) \"\(text)\" is not USER[:GROUP] or :GROUP")
+        }
+        return (owner, group)
+    }
+
     /// The server configuration; throws the first invalid setting.
-    func serverConfiguration() throws -> ServerConfiguration {
+    /// `security`: the listeners' security, if already loaded (serve loads it once, so
+    /// that one token file and one certificate are reloaded for every listener).
+    func serverConfiguration(security given: ServeSecurity? = nil) throws -> ServerConfiguration {
         let noTCP = try self.bool("no-tcp")
         if self.text("fleet-read-url") != nil, self.text("postgres") == nil {
             throw ValidationError("--fleet-read-url needs --postgres URL: the replica is read, the primary takes the writes")
@@ -259,7 +422,9 @@ struct ServeSettings {
         _ = try self.address("grpc-listen")
         _ = try self.logLevel()
         _ = try self.integer("threads", in: 1...1_024)
-        return ServerConfiguration(
+        let security = try given ?? self.listenerSecurity()
+        let (owner, group) = try self.unixOwner()
+        var configuration = ServerConfiguration(
             tcp: noTCP ? nil : try self.address("listen"),
             unixSocketPath: self.text("unix"),
             resolvers: try self.integer("resolvers", in: 1...1_024),
@@ -277,6 +442,12 @@ struct ServeSettings {
             maximumStaleness: self.text("postgres") == nil ? nil : try self.duration("max-staleness"),
             stalePolicy: self.text("postgres") == nil ? .open : try self.stalePolicy()
         )
+        configuration.tcpSecurity = security.tcp
+        configuration.unixSecurity = security.unix
+        configuration.unixSocketMode = try self.unixMode()
+        configuration.unixSocketOwner = owner
+        configuration.unixSocketGroup = group
+        return configuration
     }
 
     func stalePolicy() throws -> ServerConfiguration.StalePolicy {

@@ -181,6 +181,19 @@ struct CommandLineTests {
         (["serve", "--snapshot", "x", "--admin", "7421"], "--admin \"7421\" is not HOST:PORT"),
         (["serve", "--snapshot", "x", "--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read it"),
         (["check", "--user", "u", "--server", "here"], "--server \"here\" is not HOST:PORT"),
+        (["serve", "--snapshot", "x", "--listen", "0.0.0.0:7420"],
+            "refusing to start (protected mode, docs/security.md): --listen 0.0.0.0:7420 is not a loopback address, and it would take writes from anyone who can reach it. Set --auth-token-file FILE"),
+        (["serve", "--snapshot", "x", "--grpc-listen", "[::]:7430"], "--grpc-listen [::]:7430 is not a loopback address"),
+        (["serve", "--snapshot", "x", "--listen-permissions", "read"], "--listen-permissions \"read\" must be none, check, write or check,write"),
+        (["serve", "--snapshot", "x", "--auth-token-file", "/nonexistent/tokens"], "--auth-token-file /nonexistent/tokens: cannot open it (No such file or directory)"),
+        (["serve", "--snapshot", "x", "--tls-cert", "c.pem"], "--tls-cert and --tls-key go together: give both, or neither"),
+        (["serve", "--snapshot", "x", "--tls-client-ca", "ca.pem"], "--tls-client-ca needs --tls-cert and --tls-key"),
+        (["serve", "--snapshot", "x", "--tls-cert", "/nonexistent.pem", "--tls-key", "k"], "--tls-cert /nonexistent.pem: cannot open it (No such file or directory)"),
+        (["serve", "--snapshot", "x", "--unix-mode", "0999"], "--unix-mode \"0999\" is not a file mode in octal, e.g. 0660 or 0600"),
+        (["serve", "--snapshot", "x", "--unix-owner", "no-such-user-here"], "--unix-owner: no user \"no-such-user-here\" on this machine"),
+        (["serve", "--snapshot", "x", "--admin-anonymous", "none"], "--admin-anonymous none needs --auth-token-file (or --tls-client-ca): else nobody could read /metrics"),
+        (["check", "--user", "u", "--tls-cert", "c.pem", "--tls-key", "k.pem"], "--tls-cert needs --tls-ca: a client certificate is presented over TLS"),
+        (["check", "--user", "u", "--unix", "/s", "--tls-ca", "ca.pem"], "--tls-ca is for TCP (--server); a Unix socket is never TLS"),
     ])
     func badFlags(arguments: [String], message: String) throws {
         let output = try Self.run(arguments)

@@ -356,6 +356,25 @@ extension HealthResponse: ProtoJSONDecodable {
     }
 }
 
+extension AuthenticateRequest: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.AuthenticateRequest")
+        self.init()
+        self.token = try object.string("token", "token")
+        try object.finish()
+    }
+}
+
+extension AuthenticateResponse: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.AuthenticateResponse")
+        self.init()
+        self.check = try object.bool("check", "check")
+        self.write = try object.bool("write", "write")
+        try object.finish()
+    }
+}
+
 extension CompactRequest: ProtoJSONDecodable {
     public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
         let object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.CompactRequest")

@@ -23,6 +23,8 @@ let allProtobufMessageTypes: [any ProtobufMessage.Type] = [
     WriteResponse.self,
     HealthRequest.self,
     HealthResponse.self,
+    AuthenticateRequest.self,
+    AuthenticateResponse.self,
     CompactRequest.self,
     CompactResponse.self,
     Product.self,

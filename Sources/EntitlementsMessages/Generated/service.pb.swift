@@ -1266,6 +1266,135 @@ extension HealthResponse: ProtobufCBacked {
     }
 }
 
+/// Method 5, framed protocol only (docs/PROTOCOL.md, "Authentication"): presents a
+/// token from the server's --auth-token-file. From then on the connection has that
+/// token's permissions (within its listener's), until it closes or the token leaves the
+/// file. gRPC and HTTP/JSON callers send `authorization: Bearer TOKEN` with each call
+/// instead (docs/doors.md), so the service block below does not list it.
+public struct AuthenticateRequest: Sendable, Hashable {
+    /// The `token` field.
+    public var token: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        token: String? = nil
+    ) {
+        self.token = token
+    }
+}
+
+extension AuthenticateRequest: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.AuthenticateRequest"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension AuthenticateRequest: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__AuthenticateRequest
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__authenticate_request__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__authenticate_request__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__authenticate_request__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.token = try liftString(c.token, field: "token")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__authenticate_request__init(c)
+        c.pointee.token = try arena.lowerString(self.token, field: "token")
+        return c
+    }
+}
+
+/// The `entitlements.v1.AuthenticateResponse` message.
+public struct AuthenticateResponse: Sendable, Hashable {
+    /// What this connection may call now: the token's permissions within the listener's.
+    /// Always sent.
+    public var check: Bool = false
+    /// The `write` field.
+    public var write: Bool = false
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        check: Bool = false,
+        write: Bool = false
+    ) {
+        self.check = check
+        self.write = write
+    }
+}
+
+extension AuthenticateResponse: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.AuthenticateResponse"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension AuthenticateResponse: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__AuthenticateResponse
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__authenticate_response__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__authenticate_response__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__authenticate_response__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.check = c.has_check != 0 && c.check != 0
+        self.write = c.has_write != 0 && c.write != 0
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__authenticate_response__init(c)
+        c.pointee.has_check = 1; c.pointee.check = self.check ? 1 : 0
+        c.pointee.has_write = 1; c.pointee.write = self.write ? 1 : 0
+        return c
+    }
+}
+
 /// Method 32. Writes a new snapshot from the current snapshot and log.
 public struct CompactRequest: Sendable, Hashable {
 

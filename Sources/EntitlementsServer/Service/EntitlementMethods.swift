@@ -1,4 +1,5 @@
 public import EntitlementsMessages
+public import EntitlementsSecurity
 public import EntitlementsStore
 public import EntitlementsWire
 public import NIOCore
@@ -40,11 +41,14 @@ public struct CallContext {
     public var deadline: NIODeadline?
     /// Closed when the caller goes away, so that work queued for it is skipped.
     public var scope: ConnectionScope
+    /// What the caller may do (docs/security.md): every method checks it first.
+    public var access: CallerAccess
 
-    public init(eventLoop: any EventLoop, deadline: NIODeadline?, scope: ConnectionScope) {
+    public init(eventLoop: any EventLoop, deadline: NIODeadline?, scope: ConnectionScope, access: CallerAccess = .unrestricted) {
         self.eventLoop = eventLoop
         self.deadline = deadline
         self.scope = scope
+        self.access = access
     }
 }
 
@@ -76,6 +80,9 @@ public final class EntitlementMethods: Sendable {
     /// a `min_log_sequence` wait) `.later`.
     @inline(__always)  // into each transport's check: the hot path stays one function
     public func checkEntitlements(_ request: CheckEntitlementsRequest, _ context: CallContext) -> MethodResult<CheckAnswer> {
+        guard context.access.permissions.contains(.check) else {
+            return .now(.failure(self.refuse(.checkEntitlements, context)))
+        }
         if let problem = Validation.problem(userId: request.userId, field: "user_id") ?? Validation.problem(entitlementIds: request.entitlementIds) {
             return .failure(.invalidArgument, problem)
         }
@@ -123,6 +130,9 @@ public final class EntitlementMethods: Sendable {
 
     /// BatchCheckEntitlements: every user, in order, or one failure for the batch.
     public func batchCheckEntitlements(_ request: BatchCheckEntitlementsRequest, _ context: CallContext) -> MethodResult<BatchCheckAnswer> {
+        if let refused = self.authorize(.batchCheckEntitlements, context) {
+            return .now(.failure(refused))
+        }
         guard request.userIds.count <= self.configuration.maximumBatchSize else {
             return .failure(
                 .resourceExhausted,
@@ -182,7 +192,16 @@ public final class EntitlementMethods: Sendable {
 
     // MARK: Health
 
-    /// Health. `draining`: the caller's connection has been told to go away (GOAWAY).
+    /// Health, for a caller with the check permission. `draining`: the caller's
+    /// connection has been told to go away (GOAWAY).
+    public func health(_ context: CallContext, draining: Bool = false) -> Result<HealthResponse, ServiceError> {
+        if let refused = self.authorize(.health, context) {
+            return .failure(refused)
+        }
+        return .success(self.health(draining: draining))
+    }
+
+    /// Health, without a permission check: for the admin listener's probes.
     public func health(draining: Bool = false) -> HealthResponse {
         HealthResponse(
             status: self.isServing(draining: draining) ? .serving : .notServing,
@@ -204,6 +223,9 @@ public final class EntitlementMethods: Sendable {
     /// A write: validated and applied by the store, answered once it is durable and every
     /// resolver has forgotten what it changed (so any later check sees it).
     public func write(_ mutation: LogRecord.Mutation, _ context: CallContext) -> MethodResult<WriteResponse> {
+        if let refused = self.authorize(Self.method(of: mutation), context) {
+            return .now(.failure(refused))
+        }
         let promise = context.eventLoop.makePromise(of: Result<WriteResponse, ServiceError>.self)
         self.store.write(mutation, now: WallClock.unixMilliseconds()) { result in
             // The store calls this once every resolver has dropped what the write changed
@@ -217,6 +239,9 @@ public final class EntitlementMethods: Sendable {
 
     /// Compact: a new snapshot holding every acknowledged write.
     public func compact(_ context: CallContext) -> MethodResult<CompactResponse> {
+        if let refused = self.authorize(.compact, context) {
+            return .now(.failure(refused))
+        }
         let promise = context.eventLoop.makePromise(of: Result<CompactResponse, ServiceError>.self)
         let services = self.services
         Task {
@@ -251,6 +276,9 @@ public final class EntitlementMethods: Sendable {
     /// WatchEntitlements: opens a stream that sends through `sink` until it ends (by the
     /// server, or `WatchStream.cancel`). A refused watch sends nothing and calls nothing.
     public func watchEntitlements(_ request: WatchEntitlementsRequest, _ context: CallContext, sink: WatchSink) -> Result<WatchStream, ServiceError> {
+        if let refused = self.authorize(.watchEntitlements, context) {
+            return .failure(refused)
+        }
         var request = request
         if request.allCustomers {
             request.userIds = []  // ignored when all_customers is set (service.proto)
@@ -323,7 +351,7 @@ public final class EntitlementMethods: Sendable {
                 return Self.encoded(self.batchCheckEntitlements(try BatchCheckEntitlementsRequest(buffer: request), context)) { $0.write(into: &$1) }
             case .health:
                 _ = try HealthRequest(buffer: request)  // garbage is refused, not answered
-                return Self.encoded(.now(.success(self.health(draining: draining)))) { try? $0.serialize(into: &$1) }
+                return Self.encoded(.now(self.health(context, draining: draining))) { try? $0.serialize(into: &$1) }
             case .compact:
                 _ = try CompactRequest(buffer: request)
                 return Self.encoded(self.compact(context)) { try? $0.serialize(into: &$1) }
@@ -334,6 +362,19 @@ public final class EntitlementMethods: Sendable {
             }
         } catch {
             return .failure(.invalidArgument, "\(error)")
+        }
+    }
+
+    /// The method that carries `mutation` (a replicated write is fleet mode's, never a
+    /// caller's: it needs the write permission as any write does).
+    static func method(of mutation: LogRecord.Mutation) -> MethodID {
+        switch mutation {
+        case .recordTransaction: .recordTransaction
+        case .updateSubscriptionState: .updateSubscriptionState
+        case .grantEntitlement: .grantEntitlement
+        case .revokeGrant: .revokeGrant
+        case .linkAlias: .linkAlias
+        case .deleteCustomer, .replicatedWrite: .deleteCustomer
         }
     }
 
@@ -361,6 +402,32 @@ public final class EntitlementMethods: Sendable {
         case .now(let result): return .now(encode(result))
         case .later(let future): return .later(future.map(encode))
         }
+    }
+
+    // MARK: Permissions
+
+    /// Nil when the caller may call `method`; else the refusal, counted and logged.
+    @inline(__always)
+    public func authorize(_ method: MethodID, _ context: CallContext) -> ServiceError? {
+        guard let needed = Permissions.required(by: method), !context.access.permissions.isSuperset(of: needed) else {
+            return nil
+        }
+        return self.refuse(method, context)
+    }
+
+    /// Counts and logs a refused call (docs/security.md, "Refusals"), and says why.
+    @inline(never)
+    func refuse(_ method: MethodID, _ context: CallContext) -> ServiceError {
+        let refusal = context.access.refusal(needing: Permissions.required(by: method) ?? .all, method: "\(method)")
+        self.recordRefusal(refusal, listener: context.access.policy.name, peer: context.scope.peer)
+        return ServiceError(refusal.status, refusal.message)
+    }
+
+    /// Counts a refusal by listener and reason, and logs it naming the peer (never a
+    /// token), at most once a second per listener and reason so that a flood of refused
+    /// calls cannot flood the log.
+    public func recordRefusal(_ refusal: Refusal, listener: String? = nil, peer: String) {
+        self.services.recordRefusal(refusal, listener: listener, peer: peer)
     }
 
     // MARK: Metrics

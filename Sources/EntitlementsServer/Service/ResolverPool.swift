@@ -208,8 +208,12 @@ final class ResolverCore {
 /// nobody reads): a client that times out and goes away does not leave its checks behind.
 public final class ConnectionScope: Sendable {
     private let closed = Atomic<Bool>(false)
+    /// Who the caller is (its address, or `unix`), for logs.
+    public let peer: String
 
-    public init() {}
+    public init(peer: String = "") {
+        self.peer = peer
+    }
 
     public var isClosed: Bool { self.closed.load(ordering: .relaxed) }
 

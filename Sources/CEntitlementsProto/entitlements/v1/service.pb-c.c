@@ -772,6 +772,96 @@ void   entitlements__v1__health_response__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__health_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   entitlements__v1__authenticate_request__init
+                     (Entitlements__V1__AuthenticateRequest         *message)
+{
+  static const Entitlements__V1__AuthenticateRequest init_value = ENTITLEMENTS__V1__AUTHENTICATE_REQUEST__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__authenticate_request__get_packed_size
+                     (const Entitlements__V1__AuthenticateRequest *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__authenticate_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__authenticate_request__pack
+                     (const Entitlements__V1__AuthenticateRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__authenticate_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__authenticate_request__pack_to_buffer
+                     (const Entitlements__V1__AuthenticateRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__authenticate_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__AuthenticateRequest *
+       entitlements__v1__authenticate_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__AuthenticateRequest *)
+     protobuf_c_message_unpack (&entitlements__v1__authenticate_request__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__authenticate_request__free_unpacked
+                     (Entitlements__V1__AuthenticateRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__authenticate_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__authenticate_response__init
+                     (Entitlements__V1__AuthenticateResponse         *message)
+{
+  static const Entitlements__V1__AuthenticateResponse init_value = ENTITLEMENTS__V1__AUTHENTICATE_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__authenticate_response__get_packed_size
+                     (const Entitlements__V1__AuthenticateResponse *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__authenticate_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__authenticate_response__pack
+                     (const Entitlements__V1__AuthenticateResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__authenticate_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__authenticate_response__pack_to_buffer
+                     (const Entitlements__V1__AuthenticateResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__authenticate_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__AuthenticateResponse *
+       entitlements__v1__authenticate_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__AuthenticateResponse *)
+     protobuf_c_message_unpack (&entitlements__v1__authenticate_response__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__authenticate_response__free_unpacked
+                     (Entitlements__V1__AuthenticateResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__authenticate_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   entitlements__v1__compact_request__init
                      (Entitlements__V1__CompactRequest         *message)
 {
@@ -1980,6 +2070,95 @@ const ProtobufCMessageDescriptor entitlements__v1__health_response__descriptor =
   entitlements__v1__health_response__field_indices_by_name,
   1,  entitlements__v1__health_response__number_ranges,
   (ProtobufCMessageInit) entitlements__v1__health_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__authenticate_request__field_descriptors[1] =
+{
+  {
+    "token",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__AuthenticateRequest, token),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__authenticate_request__field_indices_by_name[] = {
+  0,   /* field[0] = token */
+};
+static const ProtobufCIntRange entitlements__v1__authenticate_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__authenticate_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.AuthenticateRequest",
+  "AuthenticateRequest",
+  "Entitlements__V1__AuthenticateRequest",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__AuthenticateRequest),
+  1,
+  entitlements__v1__authenticate_request__field_descriptors,
+  entitlements__v1__authenticate_request__field_indices_by_name,
+  1,  entitlements__v1__authenticate_request__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__authenticate_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__authenticate_response__field_descriptors[2] =
+{
+  {
+    "check",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__AuthenticateResponse, has_check),
+    offsetof(Entitlements__V1__AuthenticateResponse, check),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "write",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__AuthenticateResponse, has_write),
+    offsetof(Entitlements__V1__AuthenticateResponse, write),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__authenticate_response__field_indices_by_name[] = {
+  0,   /* field[0] = check */
+  1,   /* field[1] = write */
+};
+static const ProtobufCIntRange entitlements__v1__authenticate_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__authenticate_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.AuthenticateResponse",
+  "AuthenticateResponse",
+  "Entitlements__V1__AuthenticateResponse",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__AuthenticateResponse),
+  2,
+  entitlements__v1__authenticate_response__field_descriptors,
+  entitlements__v1__authenticate_response__field_indices_by_name,
+  1,  entitlements__v1__authenticate_response__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__authenticate_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 #define entitlements__v1__compact_request__field_descriptors NULL

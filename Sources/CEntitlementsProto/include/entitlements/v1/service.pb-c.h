@@ -33,6 +33,8 @@ typedef struct Entitlements__V1__DeleteCustomerRequest Entitlements__V1__DeleteC
 typedef struct Entitlements__V1__WriteResponse Entitlements__V1__WriteResponse;
 typedef struct Entitlements__V1__HealthRequest Entitlements__V1__HealthRequest;
 typedef struct Entitlements__V1__HealthResponse Entitlements__V1__HealthResponse;
+typedef struct Entitlements__V1__AuthenticateRequest Entitlements__V1__AuthenticateRequest;
+typedef struct Entitlements__V1__AuthenticateResponse Entitlements__V1__AuthenticateResponse;
 typedef struct Entitlements__V1__CompactRequest Entitlements__V1__CompactRequest;
 typedef struct Entitlements__V1__CompactResponse Entitlements__V1__CompactResponse;
 
@@ -462,6 +464,40 @@ struct  Entitlements__V1__HealthResponse
 
 
 /*
+ * Method 5, framed protocol only (docs/PROTOCOL.md, "Authentication"): presents a
+ * token from the server's --auth-token-file. From then on the connection has that
+ * token's permissions (within its listener's), until it closes or the token leaves the
+ * file. gRPC and HTTP/JSON callers send `authorization: Bearer TOKEN` with each call
+ * instead (docs/doors.md), so the service block below does not list it.
+ */
+struct  Entitlements__V1__AuthenticateRequest
+{
+  ProtobufCMessage base;
+  char *token;
+};
+#define ENTITLEMENTS__V1__AUTHENTICATE_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__authenticate_request__descriptor) \
+    , NULL }
+
+
+struct  Entitlements__V1__AuthenticateResponse
+{
+  ProtobufCMessage base;
+  /*
+   * What this connection may call now: the token's permissions within the listener's.
+   * Always sent.
+   */
+  protobuf_c_boolean has_check;
+  protobuf_c_boolean check;
+  protobuf_c_boolean has_write;
+  protobuf_c_boolean write;
+};
+#define ENTITLEMENTS__V1__AUTHENTICATE_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__authenticate_response__descriptor) \
+    , 0, 0, 0, 0 }
+
+
+/*
  * Method 32. Writes a new snapshot from the current snapshot and log.
  */
 struct  Entitlements__V1__CompactRequest
@@ -811,6 +847,44 @@ Entitlements__V1__HealthResponse *
 void   entitlements__v1__health_response__free_unpacked
                      (Entitlements__V1__HealthResponse *message,
                       ProtobufCAllocator *allocator);
+/* Entitlements__V1__AuthenticateRequest methods */
+void   entitlements__v1__authenticate_request__init
+                     (Entitlements__V1__AuthenticateRequest         *message);
+size_t entitlements__v1__authenticate_request__get_packed_size
+                     (const Entitlements__V1__AuthenticateRequest   *message);
+size_t entitlements__v1__authenticate_request__pack
+                     (const Entitlements__V1__AuthenticateRequest   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__authenticate_request__pack_to_buffer
+                     (const Entitlements__V1__AuthenticateRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__AuthenticateRequest *
+       entitlements__v1__authenticate_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__authenticate_request__free_unpacked
+                     (Entitlements__V1__AuthenticateRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__AuthenticateResponse methods */
+void   entitlements__v1__authenticate_response__init
+                     (Entitlements__V1__AuthenticateResponse         *message);
+size_t entitlements__v1__authenticate_response__get_packed_size
+                     (const Entitlements__V1__AuthenticateResponse   *message);
+size_t entitlements__v1__authenticate_response__pack
+                     (const Entitlements__V1__AuthenticateResponse   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__authenticate_response__pack_to_buffer
+                     (const Entitlements__V1__AuthenticateResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__AuthenticateResponse *
+       entitlements__v1__authenticate_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__authenticate_response__free_unpacked
+                     (Entitlements__V1__AuthenticateResponse *message,
+                      ProtobufCAllocator *allocator);
 /* Entitlements__V1__CompactRequest methods */
 void   entitlements__v1__compact_request__init
                      (Entitlements__V1__CompactRequest         *message);
@@ -901,6 +975,12 @@ typedef void (*Entitlements__V1__HealthRequest_Closure)
                   void *closure_data);
 typedef void (*Entitlements__V1__HealthResponse_Closure)
                  (const Entitlements__V1__HealthResponse *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__AuthenticateRequest_Closure)
+                 (const Entitlements__V1__AuthenticateRequest *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__AuthenticateResponse_Closure)
+                 (const Entitlements__V1__AuthenticateResponse *message,
                   void *closure_data);
 typedef void (*Entitlements__V1__CompactRequest_Closure)
                  (const Entitlements__V1__CompactRequest *message,
@@ -1044,6 +1124,8 @@ extern const ProtobufCMessageDescriptor entitlements__v1__delete_customer_reques
 extern const ProtobufCMessageDescriptor entitlements__v1__write_response__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__health_request__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__health_response__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__authenticate_request__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__authenticate_response__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__compact_request__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__compact_response__descriptor;
 extern const ProtobufCServiceDescriptor entitlements__v1__entitlement_service__descriptor;

@@ -45,6 +45,40 @@ def serve_accepts(args, env=None, what=""):
     return settings
 
 
+# Files a Secret provides (docs/security.md), made here for `serve --print-config` to load:
+# a token file and a self-signed certificate. Never the manifest's own placeholders.
+SECRET_FILES = tempfile.mkdtemp(prefix="deploy-check-")
+
+
+def secret_file(path):
+    """A stand-in for the Secret file at `path`, or `path` when it is not one."""
+    name = os.path.basename(path)
+    if not path.startswith(("/etc/entitlements/", "/run/secrets/")):
+        return path
+    if name == "entitlements-tokens":
+        name = "tokens"
+    local = os.path.join(SECRET_FILES, name)
+    if not os.path.exists(local):
+        if name == "tokens":
+            with open(local, "w") as file:
+                file.write(os.urandom(32).hex() + " check,write\n" + os.urandom(32).hex() + " check\n")
+        elif name in ("tls.crt", "tls.key"):
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-keyout", os.path.join(SECRET_FILES, "tls.key"), "-out", os.path.join(SECRET_FILES, "tls.crt"),
+                 "-days", "1", "-subj", "/CN=entitlements"],
+                check=True, capture_output=True)
+    return local
+
+
+def with_secret_files(args):
+    out = []
+    for arg in args:
+        flag, equals, value = arg.partition("=")
+        out.append(flag + equals + secret_file(value) if equals else secret_file(arg))
+    return out
+
+
 def seconds(text):
     match = re.fullmatch(r"(\d+)(ms|s|m|h)", text)
     if not match:
@@ -103,7 +137,7 @@ def check_kubernetes(name):
     if sidecar is None:
         return problem(f"{path}: no container named entitlements")
     env = environment_of(sidecar, path)
-    settings = serve_accepts(sidecar["args"][1:], env, what=path)
+    settings = serve_accepts(with_secret_files(sidecar["args"][1:]), env, what=path)
     check_fleet_jobs(documents, path)
     admin_port = next((p["containerPort"] for p in sidecar.get("ports", []) if p.get("name") == "admin"), None)
     if settings.get("admin", "").rpartition(":")[2] != str(admin_port):
@@ -174,7 +208,7 @@ def check_dockerfile():
     cmd = re.search(r"^CMD (\[.*\])", runtime, flags=re.M)
     if cmd:
         arguments = json.loads(cmd.group(1))
-        serve_accepts(arguments[1:], what=f"{path} CMD")
+        serve_accepts(with_secret_files(arguments[1:]), what=f"{path} CMD")
     else:
         problem(f"{path}: no CMD")
 
@@ -207,6 +241,7 @@ def check_systemd():
 check_kubernetes("sidecar.yaml")
 check_kubernetes("fleet-sidecar.yaml")
 check_kubernetes("grpc-sidecar.yaml")
+check_kubernetes("sidecar-secure.yaml")
 check_dockerfile()
 check_systemd()
 if problems:

@@ -28,6 +28,8 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     private var context: ChannelHandlerContext?
     /// Set once the server said GOAWAY (its last processed id) or the connection failed.
     private(set) var isDraining = false
+    /// Why the connection failed (a TLS handshake, say), for calls made after it did.
+    private var failure: String?
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
@@ -40,6 +42,10 @@ final class ClientConnectionHandler: ChannelInboundHandler {
             preconditionFailure("call before the handler was added")
         }
         let promise = context.eventLoop.makePromise(of: Frame.self)
+        if let failure = self.failure {
+            promise.fail(CallFailure.connectionLost(failure))
+            return promise.futureResult
+        }
         guard !self.isDraining else {
             promise.fail(CallFailure.notProcessed)
             return promise.futureResult
@@ -134,6 +140,7 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.failure = self.failure ?? "\(error)"
         self.failAll(CallFailure.connectionLost("\(error)"))
         context.close(promise: nil)
     }

@@ -313,7 +313,8 @@ struct ServeSettings {
         if adminAnonymous == .none, tokens == nil, tls?.requiresClientCertificates != true {
             throw ValidationError("\(self.origin("admin-anonymous")) none needs --auth-token-file (or --tls-client-ca): else nobody could read /metrics")
         }
-        if !(try self.bool("allow-unauthenticated-writes")) {
+        // A server without a data directory takes no writes at all: nothing to protect.
+        if self.dataDirectory != nil, !(try self.bool("allow-unauthenticated-writes")) {
             var exposed: [(String, (host: String, port: Int), ListenerPolicy)] = []
             if !(try self.bool("no-tcp")), let address = try self.address("listen") {
                 exposed.append(("--listen", address, tcp))

@@ -143,6 +143,8 @@ enum Fixtures {
         WriteResponse(customerId: "user-1", logSequence: 12_345_678_901, changed: true, created: true),
         HealthRequest(),
         HealthResponse(status: .notServing, snapshotId: "snap-20261122", uptimeMs: 86_400_000, version: "1.0.0"),
+        AuthenticateRequest(token: "0123456789abcdef0123456789abcdef"),
+        AuthenticateResponse(check: true, write: false),
         CompactRequest(),
         CompactResponse(snapshotId: "snap-20261123", lastLogSequence: 4_000_000_000),
         product,

@@ -310,7 +310,7 @@ func status(_ body: () async throws -> Void) async -> (StatusCode, String)? {
         let server = try await SecureServer(tcp: ListenerSecurity(policy: .open("tcp"), tls: other))
         let refused = await status { _ = try await server.client(tls: try certificates.clientTLS()).health() }
         #expect(refused?.0 == .unavailable)
-        #expect(refused?.1.contains("CERTIFICATE_VERIFY_FAILED") == true)
+        #expect(refused?.1.contains("CERTIFICATE_VERIFY_FAILED") == true, "\(refused?.1 ?? "")")
         try await server.stop()
     }
 

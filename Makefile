@@ -60,6 +60,7 @@ deps:
 	[ -d /usr/share/gocode/src/github.com/golang/protobuf/proto ] || missing="$$missing golang-github-golang-protobuf-1-5-dev"; \
 	command -v protoc-gen-go >/dev/null || missing="$$missing protoc-gen-go"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make deps: installing$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \

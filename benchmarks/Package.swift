@@ -19,6 +19,8 @@ let package = Package(
         // The gRPC peer: grpc-swift-2 over HTTP/2 (grpc-swift-nio-transport).
         .package(url: "https://github.com/grpc/grpc-swift-2.git", from: "2.4.3"),
         .package(url: "https://github.com/grpc/grpc-swift-nio-transport.git", from: "2.9.2"),
+        // TLS for the load generator's framed connections (the p2 and p3 TLS rows).
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
     ],
     targets: [
         // Microbenchmarks of the wire path: protobuf-c shim and frame codec.
@@ -134,6 +136,7 @@ let package = Package(
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             path: "Sources/LoadGen",
             swiftSettings: [.swiftLanguageMode(.v6)]

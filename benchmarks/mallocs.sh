@@ -2,23 +2,27 @@
 # Heap allocations per request on the live server, counted by the kernel (uprobes on
 # glibc's malloc, calloc, realloc and posix_memalign), not by an interposer:
 #
-#   benchmarks/mallocs.sh [--connections 50] [--in-flight 1] [--batch 1] [--seconds 5]
+#   benchmarks/mallocs.sh [--connections 50] [--in-flight 1] [--batch 1] [--seconds 5] [--token] [--tls]
 #
 # Needs root (perf probe) and release builds of `entitlements` and LoadGen (run.sh builds
 # both). Starts `serve --threads 1 --resolvers 1` on 100,000 generated customers (every answer
 # cached: each check is a cache hit), drives it with LoadGen, and divides the server's
 # allocation calls during the run by the requests answered (with --batch B, a request is
 # a BatchCheckEntitlements of B customers). Connection setup is included and amortised
-# over the run. ENT=path overrides the server binary (to compare two builds).
+# over the run. ENT=path overrides the server binary (to compare two builds). --token: the
+# server has a token file and each connection authenticates first (docs/security.md);
+# --tls: and the connections are TLS (openssl-made certificate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CONNECTIONS=50; IN_FLIGHT=1; BATCH=1; SECONDS_=5
+CONNECTIONS=50; IN_FLIGHT=1; BATCH=1; SECONDS_=5; TOKEN_=0; TLS_=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --connections) CONNECTIONS=$2; shift ;;
     --in-flight) IN_FLIGHT=$2; shift ;;
     --batch) BATCH=$2; shift ;;
     --seconds) SECONDS_=$2; shift ;;
+    --token) TOKEN_=1 ;;
+    --tls) TLS_=1; TOKEN_=1 ;;
     *) echo "mallocs.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -33,14 +37,24 @@ for function in malloc calloc realloc posix_memalign; do
   perf probe -q -x "$LIBC" "$function" 2>/dev/null || true
 done
 $ENT snapshot generate --customers 100000 --seed 1 --output "$WORK/data.snap" >/dev/null
-taskset -c 0 $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --threads 1 --resolvers 1 > "$WORK/serve.log" 2>&1 &
+SERVE_EXTRA=(); LOAD_EXTRA=()
+if [ $TOKEN_ = 1 ]; then
+  TOKEN=$(openssl rand -hex 32); echo "$TOKEN check" > "$WORK/tokens"
+  SERVE_EXTRA+=(--auth-token-file "$WORK/tokens"); LOAD_EXTRA+=(--token "$TOKEN")
+fi
+if [ $TLS_ = 1 ]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/key.pem" -out "$WORK/cert.pem" -days 1 \
+    -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
+  SERVE_EXTRA+=(--tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem"); LOAD_EXTRA+=(--tls-ca "$WORK/cert.pem")
+fi
+taskset -c 0 $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --threads 1 --resolvers 1 "${SERVE_EXTRA[@]}" > "$WORK/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 300); do grep -q "listening on" "$WORK/serve.log" && break; sleep 0.1; done
 perf stat -x, -o "$WORK/stat.txt" -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc,probe_libc:posix_memalign -p $SERVER &
 STAT=$!
 sleep 0.5
 taskset -c 1 $LOAD run --target entitlements --port $PORT --connections $CONNECTIONS --in-flight $IN_FLIGHT --batch $BATCH \
-  --duration $SECONDS_ --warmup 0 --customers 100000 --json "$WORK/run.json" --label "mallocs" >/dev/null
+  --duration $SECONDS_ --warmup 0 --customers 100000 --json "$WORK/run.json" --label "mallocs" "${LOAD_EXTRA[@]}" >/dev/null
 sleep 0.5
 kill -INT $STAT; wait $STAT 2>/dev/null || true
 python3 - "$WORK/stat.txt" "$WORK/run.json" <<'PY'

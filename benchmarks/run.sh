@@ -59,6 +59,12 @@ WORK=$(mktemp -d)
 mkdir -p "$OUT"; find "$OUT" -maxdepth 1 -type f -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
+# A CA and a server certificate for 127.0.0.1 (ECDSA P-256), and a token, for the TLS rows.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.pem" -days 2 -subj "/CN=bench CA" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/server.key" -out "$WORK/server.csr" -subj "/CN=127.0.0.1" 2>/dev/null
+printf "subjectAltName=IP:127.0.0.1\n" > "$WORK/server.ext"
+openssl x509 -req -in "$WORK/server.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial -out "$WORK/server.pem" -days 1 -extfile "$WORK/server.ext" 2>/dev/null
+TOKEN=$(openssl rand -hex 32); echo "$TOKEN check" > "$WORK/tokens"
 
 # 4. Pinning: servers on CPU 0, the load generator on CPU 1 (when there are two).
 # Redis runs one thread; ours and the gRPC peer get one event loop thread on their one core
@@ -117,6 +123,22 @@ for ROUND in $(seq 1 $RUNS); do
   load entitlements p7-unix --target entitlements --unix $UNIX_SOCKET --customers $CUSTOMERS --connections 50 --in-flight 1
   load entitlements p8-batch --target entitlements --port $PORT --customers $CUSTOMERS --connections 50 --in-flight 1 --batch 100
   grep VmHWM "/proc/${PIDS[0]}/status" | awk '{print $2}' > "$OUT/entitlements-rss-kib.txt"
+  stop
+
+  # 6b. Security (docs/security.md): the same server with a token file, the load generator
+  # authenticating each connection first; then also over TLS. p2 and p3 only.
+  $SERVER_CPU $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --auth-token-file "$WORK/tokens" $THREADS > "$WORK/serve-token.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/serve-token.log" "listening on 127.0.0.1:$PORT"
+  load framed_token p2 --target entitlements --port $PORT --token "$TOKEN" --customers $CUSTOMERS --connections 50 --in-flight 1
+  load framed_token p3 --target entitlements --port $PORT --token "$TOKEN" --customers $CUSTOMERS --connections 50 --in-flight 16
+  stop
+  $SERVER_CPU $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --auth-token-file "$WORK/tokens" \
+    --tls-cert "$WORK/server.pem" --tls-key "$WORK/server.key" $THREADS > "$WORK/serve-tls.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/serve-tls.log" "listening on 127.0.0.1:$PORT"
+  load framed_tls p2 --target entitlements --port $PORT --tls-ca "$WORK/ca.pem" --token "$TOKEN" --customers $CUSTOMERS --connections 50 --in-flight 1
+  load framed_tls p3 --target entitlements --port $PORT --tls-ca "$WORK/ca.pem" --token "$TOKEN" --customers $CUSTOMERS --connections 50 --in-flight 16
   stop
 
   # 7. The gRPC peer: the same resolvers and cache behind grpc-swift-2 (HTTP/2).

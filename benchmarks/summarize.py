@@ -170,6 +170,25 @@ for profile, title in [
     if run:
         each = " / ".join(f"{t:,.0f}" for t in run["each"])
         lines.append(f"| {title} | {run['throughput']:,.0f} | {run['p50']:.0f} | {run['p99']:.0f} | {run['p99.9']:.0f} | {each} |")
+security = [(system, profile, median(system, profile)) for system in ("framed_token", "framed_tls") for profile in ("p2", "p3")]
+if any(run for _, _, run in security):
+    lines += [
+        "",
+        "Security (docs/security.md): the framed protocol with `--auth-token-file`, each connection sending Authenticate first "
+        "(`framed_token`), and the same over TLS 1.3 (ECDSA P-256 certificate; `framed_tls`), against `entitlements` (plain, no token) of this run:",
+        "",
+        "| profile | system | requests/s | p50 | p99 | p99.9 | vs plain: throughput, p99 | CPU server, client | runs (requests/s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for system, profile, run in security:
+        plain = ours.get(profile)
+        if run:
+            versus = f"{ratio(run['throughput'], plain['throughput'])}, {ratio(run['p99'], plain['p99'])}" if plain else ""
+            each = " / ".join(f"{t:,.0f}" for t in run["each"])
+            lines.append(
+                f"| {profile} | {system} | {run['throughput']:,.0f} | {run['p50']:.0f} | {run['p99']:.0f} | {run['p99.9']:.0f} | {versus} | {cpu(run)} | {each} |"
+            )
+
 ours_batch, redis_batch = median("entitlements", "p8-batch"), median("redis", "p8-batch")
 if ours_batch:
     size = runs[("entitlements", "p8-batch")][0].get("batch", 1)

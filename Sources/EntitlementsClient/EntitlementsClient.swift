@@ -408,6 +408,10 @@ public final class EntitlementsClient: Sendable {
         }
         let serverHostname = hostname
         let tlsContext = sslContext
+        // The handler, kept from the initializer: a connection whose TLS handshake fails is
+        // torn down at once, and its handler is then no longer in the pipeline to look up,
+        // while the calls made on it must still fail with the handshake's reason.
+        let made = Mutex<NIOLoopBound<ClientConnectionHandler>?>(nil)
         let bootstrap = ClientBootstrap(group: self.group)
             .connectTimeout(configuration.connectTimeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
@@ -416,10 +420,12 @@ public final class EntitlementsClient: Sendable {
                     if let tlsContext {
                         try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tlsContext, serverHostname: serverHostname))
                     }
+                    let handler = ClientConnectionHandler()
                     try channel.pipeline.syncOperations.addHandlers(
                         ByteToMessageHandler(FrameDecoder(maximumPayloadSize: configuration.maximumPayloadSize)),
-                        ClientConnectionHandler()
+                        handler
                     )
+                    made.withLock { $0 = NIOLoopBound(handler, eventLoop: channel.eventLoop) }
                 }
             }
         do {
@@ -430,9 +436,9 @@ public final class EntitlementsClient: Sendable {
             case .unixSocket(let path):
                 channel = try await bootstrap.connect(unixDomainSocketPath: path).get()
             }
-            let handler = try await channel.eventLoop.submit {
-                NIOLoopBound(try channel.pipeline.syncOperations.handler(type: ClientConnectionHandler.self), eventLoop: channel.eventLoop)
-            }.get()
+            guard let handler = made.withLock({ $0 }) else {
+                throw EntitlementsClientError(code: .internalError, message: "the connection to \(configuration.server) has no handler")
+            }
             let connection = Connection(channel: channel, handler: handler)
             if let token = configuration.token {
                 try await self.authenticate(connection, token: token)

@@ -105,6 +105,7 @@ import Glibc
         try tokens.write("\(rotated)\n")
         kill(serve.process.processIdentifier, SIGHUP)
         #expect(serve.line(containing: "auth: reloaded") != nil)
+        #expect(serve.line(containing: "tls: reloaded \(certificates.path("server.pem")), valid until ") != nil)
         let old = try Self.run(grant + ["--grant-id", "g2", "--token-file", directory + "/writer.token"] + tls)
         #expect(old.1 == "error: UNAUTHENTICATED: the token presented is not one of --auth-token-file's\n")
         try Data("\(rotated)\n".utf8).write(to: URL(fileURLWithPath: directory + "/writer.token"))

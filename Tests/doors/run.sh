@@ -66,4 +66,22 @@ wait "$watcher" || true
 cat "$work/drain.out"
 grep -q "watch ended UNAVAILABLE; health watch ended UNAVAILABLE after SERVING -> NOT_SERVING" "$work/drain.out" \
   || { echo "doors: the drain did not end the watches as docs/doors.md says" >&2; exit 1; }
+# TLS and tokens (docs/security.md): a second server with --tls-cert and --auth-token-file,
+# its certificate made here by openssl for localhost and 127.0.0.1.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$work/ca.key" -out "$work/ca.pem" -days 2 -subj "/CN=doors test CA" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$work/server.key" -out "$work/server.csr" -subj "/CN=localhost" 2>/dev/null
+printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" > "$work/server.ext"
+openssl x509 -req -in "$work/server.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -out "$work/server.pem" -days 1 -extfile "$work/server.ext" 2>/dev/null
+token="$(openssl rand -hex 32)"
+echo "$token check,write" > "$work/tokens"
+"$ENT" serve --data-dir "$work/secure-data" --snapshot "$work/seed.snap" --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 \
+  --auth-token-file "$work/tokens" --tls-cert "$work/server.pem" --tls-key "$work/server.key" > "$work/secure.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do grep -q "^grpc listening on" "$work/secure.log" 2>/dev/null && break; sleep 0.1; done
+grep -q "^grpc listening on" "$work/secure.log" || { echo "doors: the TLS server did not start:" >&2; cat "$work/secure.log" >&2; exit 1; }
+secure_port="$(grep "^grpc listening on" "$work/secure.log" | sed 's/.*://')"
+echo "doors: Python over TLS with a token (grpcio secure channel, HTTPS JSON) against localhost:$secure_port"
+SECURE_PORT=$secure_port CA="$work/ca.pem" TOKEN="$token" python3 Tests/doors/test_secure_door.py
+kill -TERM "$pid"; wait "$pid" || true
+pid=""
 echo "doors: all foreign clients passed"

@@ -4,6 +4,7 @@
 //               [--connections C] [--in-flight D] [--rate R] [--duration S] [--warmup S]
 //               [--customers N] [--keys uniform|zipf] [--zipf-s 0.99] [--write-percent W]
 //               [--batch B] [--json FILE] [--distribution FILE] [--label TEXT] [--server-pid PID]
+//               [--tls-ca CA.pem [--tls-server-name NAME]] [--token TOKEN]
 //   LoadGen load-redis --port P --snapshot FILE [--at UNIX_MS]
 //
 // Closed loop (default): each of C connections keeps D requests in flight. Open loop
@@ -24,6 +25,7 @@ import Histogram
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import NIOSSL
 
 // MARK: Arguments
 
@@ -307,6 +309,16 @@ final class LoadHandler: ChannelInboundHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
+        if let token = Settings.current.options["token"] {
+            // Authenticate first (docs/PROTOCOL.md): its answer has no send time, so it is
+            // not measured; the checks pipelined after it have its permissions.
+            let payload = ByteBuffer(bytes: try! AuthenticateRequest(token: token).serializedBytes())
+            var out = context.channel.allocator.buffer(capacity: 64)
+            out.writeFrameHeader(type: .request, method: .authenticate, requestID: self.nextID, payloadLength: UInt32(payload.readableBytes))
+            out.writeImmutableBuffer(payload)
+            self.nextID += 1
+            context.write(self.wrapOutboundOut(out), promise: nil)
+        }
         if let interval = self.interval {
             // Open loop: each send is scheduled for its intended time.
             self.nextScheduled = NIODeadline.now()
@@ -502,6 +514,13 @@ var futures: [EventLoopFuture<Void>] = []
 if target == .grpc {
     GRPCLoad.run(group: group)
 }
+// --tls-ca: the framed connections speak TLS (the server's --tls-cert), trusting that CA.
+let tlsContext: NIOSSLContext? = try options["tls-ca"].map { path in
+    var tls = TLSConfiguration.makeClientConfiguration()
+    tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(path))
+    return try NIOSSLContext(configuration: tls)
+}
+let tlsServerName = options["tls-server-name"]
 for _ in 0..<(target == .grpc ? 0 : connections) {
     let loop = group.next()
     let done = loop.makePromise(of: Void.self)
@@ -510,6 +529,9 @@ for _ in 0..<(target == .grpc ? 0 : connections) {
         .channelOption(.socketOption(.tcp_nodelay), value: 1)
         .channelInitializer { channel in
             channel.eventLoop.makeCompletedFuture {
+                if let tlsContext {
+                    try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tlsContext, serverHostname: tlsServerName))
+                }
                 try channel.pipeline.syncOperations.addHandler(LoadHandler(done: done, interval: perConnectionInterval))
             }
         }

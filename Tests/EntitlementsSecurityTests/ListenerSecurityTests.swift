@@ -69,8 +69,8 @@ struct Certificates: Sendable {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
         process.arguments = arguments
         process.currentDirectoryURL = URL(fileURLWithPath: self.directory)
-        process.standardOutput = FileHandle.nullDevice
         let errors = Pipe()
+        process.standardOutput = errors
         process.standardError = errors
         try process.run()
         let said = errors.fileHandleForReading.readDataToEndOfFile()

@@ -43,9 +43,8 @@ if [ $TOKEN_ = 1 ]; then
   SERVE_EXTRA+=(--auth-token-file "$WORK/tokens"); LOAD_EXTRA+=(--token "$TOKEN")
 fi
 if [ $TLS_ = 1 ]; then
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/key.pem" -out "$WORK/cert.pem" -days 1 \
-    -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
-  SERVE_EXTRA+=(--tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem"); LOAD_EXTRA+=(--tls-ca "$WORK/cert.pem")
+  dev/make-test-certificates.sh "$WORK"
+  SERVE_EXTRA+=(--tls-cert "$WORK/server.pem" --tls-key "$WORK/server.key"); LOAD_EXTRA+=(--tls-ca "$WORK/ca.pem")
 fi
 taskset -c 0 $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --threads 1 --resolvers 1 "${SERVE_EXTRA[@]}" > "$WORK/serve.log" 2>&1 &
 SERVER=$!

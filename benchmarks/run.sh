@@ -60,10 +60,7 @@ mkdir -p "$OUT"; find "$OUT" -maxdepth 1 -type f -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
 # A CA and a server certificate for 127.0.0.1 (ECDSA P-256), and a token, for the TLS rows.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.pem" -days 2 -subj "/CN=bench CA" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/server.key" -out "$WORK/server.csr" -subj "/CN=127.0.0.1" 2>/dev/null
-printf "subjectAltName=IP:127.0.0.1\n" > "$WORK/server.ext"
-openssl x509 -req -in "$WORK/server.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial -out "$WORK/server.pem" -days 1 -extfile "$WORK/server.ext" 2>/dev/null
+dev/make-test-certificates.sh "$WORK"
 TOKEN=$(openssl rand -hex 32); echo "$TOKEN check" > "$WORK/tokens"
 
 # 4. Pinning: servers on CPU 0, the load generator on CPU 1 (when there are two).

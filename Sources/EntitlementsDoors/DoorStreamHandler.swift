@@ -198,12 +198,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(.unavailable, "the server is shutting down; retry on another server")
             return
         }
-        switch self.connection.credentials.access(authorization: headers.first(name: "authorization")) {
+        switch self.methods.access(self.connection.credentials, authorization: headers.first(name: "authorization")) {
         case .success(let access):
             self.access = access
-        case .failure(let refusal):
-            self.methods.recordRefusal(refusal, listener: self.connection.credentials.security.policy.name, peer: self.scope.peer)
-            self.fail(refusal.status, refusal.message)
+        case .failure(let error):
+            self.fail(error.status, error.message)
             return
         }
         switch self.timeout(headers) {

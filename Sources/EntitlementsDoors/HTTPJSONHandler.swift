@@ -114,6 +114,14 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     }
 
     private func call(context: ChannelHandlerContext, _ method: MethodID, _ head: HTTPRequestHead) {
+        let access: CallerAccess
+        switch self.methods.access(self.credentials, authorization: head.headers.first(name: "authorization")) {
+        case .success(let granted):
+            access = granted
+        case .failure(let error):
+            self.respond(context: context, JSONMethods.httpStatus(error.status), JSONMethods.errorBody(error), status: error.status)
+            return
+        }
         // Valid: refusal(_:) checked it.
         let timeout = try? JSONMethods.connectTimeout(head.headers.first(name: "connect-timeout-ms")).get()
         let deadline = timeout.flatMap { $0 }.map { self.start + $0 }
@@ -128,16 +136,6 @@ final class HTTPJSONHandler: ChannelInboundHandler {
                 let error = ServiceError(.deadlineExceeded, "the deadline passed before the answer was ready")
                 self.respond(context: loopBound.value, .gatewayTimeout, JSONMethods.errorBody(error), status: error.status)
             }
-        }
-        let access: CallerAccess
-        switch self.credentials.access(authorization: head.headers.first(name: "authorization")) {
-        case .success(let granted):
-            access = granted
-        case .failure(let refusal):
-            self.methods.recordRefusal(refusal, listener: self.credentials.security.policy.name, peer: self.credentials.peer)
-            self.deadlineTimer?.cancel()
-            self.respond(context: context, JSONMethods.httpStatus(refusal.status), JSONMethods.errorBody(ServiceError(refusal.status, refusal.message)), status: refusal.status)
-            return
         }
         self.methods.recordInFlight(1)
         let callContext = CallContext(eventLoop: context.eventLoop, deadline: deadline, scope: self.scope, access: access)

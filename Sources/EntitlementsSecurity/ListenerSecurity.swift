@@ -31,7 +31,7 @@ public struct ListenerPolicy: Sendable, Hashable {
 }
 
 /// How a caller proved who it is.
-public enum CallerCredential: Sendable, Hashable {
+public enum CallerCredential: Sendable, Hashable, CustomStringConvertible {
     /// Nothing: the listener's anonymous permissions.
     case none
     /// A token from --auth-token-file.
@@ -58,20 +58,18 @@ public struct CallerAccess: Sendable {
     /// What the caller may call.
     public var permissions: Permissions
     public var credential: CallerCredential
-    /// The listener's rules, for the refusal's message.
-    public var policy: ListenerPolicy
-    /// Whether this listener accepts any credential (a token file or a client CA).
-    public var acceptsCredentials: Bool
+    /// The listener called through: its rules and whether it accepts credentials, for a
+    /// refusal's message and metric (one reference: the access rides in every call's context).
+    public var listener: ListenerSecurity
 
-    public init(permissions: Permissions, credential: CallerCredential, policy: ListenerPolicy, acceptsCredentials: Bool) {
+    public init(permissions: Permissions, credential: CallerCredential, listener: ListenerSecurity) {
         self.permissions = permissions
         self.credential = credential
-        self.policy = policy
-        self.acceptsCredentials = acceptsCredentials
+        self.listener = listener
     }
 
     /// Anyone may do anything (a server without security settings; tests).
-    public static let unrestricted = CallerAccess(permissions: .all, credential: .none, policy: .open("tcp"), acceptsCredentials: false)
+    public static let unrestricted = CallerAccess(permissions: .all, credential: .none, listener: .open("tcp"))
 
     /// Whether `method` may be called; nil means yes.
     @inline(__always)
@@ -83,8 +81,9 @@ public struct CallerAccess: Sendable {
     }
 
     /// Why a call needing `needed` is refused (docs/security.md, "Refusals").
+    @inline(never)
     public func refusal(needing needed: Permissions, method: String) -> Refusal {
-        let policy = self.policy
+        let policy = self.listener.policy
         if !policy.granted.isSuperset(of: needed) {
             return Refusal(
                 .permissionDenied, reason: .listener,
@@ -97,7 +96,7 @@ public struct CallerAccess: Sendable {
                 .unauthenticated, reason: .revoked,
                 "the token this connection presented is no longer in --auth-token-file; present a current one"
             )
-        case .none where self.acceptsCredentials:
+        case .none where self.listener.acceptsCredentials:
             return Refusal(
                 .unauthenticated, reason: .unauthenticated,
                 "\(method) needs the \(needed) permission, which callers without credentials do not have on the \(policy.name) listener (\(policy.anonymousSetting) \(policy.anonymous)): present a token (framed protocol: Authenticate, method 5; gRPC and HTTP: authorization: Bearer TOKEN) or a client certificate (docs/security.md)"
@@ -191,12 +190,7 @@ public final class ListenerSecurity: Sendable {
         } else if revoked {
             credential = .revokedToken
         }
-        return CallerAccess(
-            permissions: permissions.intersection(self.policy.granted),
-            credential: credential,
-            policy: self.policy,
-            acceptsCredentials: self.acceptsCredentials
-        )
+        return CallerAccess(permissions: permissions.intersection(self.policy.granted), credential: credential, listener: self)
     }
 }
 
@@ -228,7 +222,7 @@ public final class ConnectionCredentials {
     /// Whether the token file changed since this connection's token was checked: then
     /// ``refresh()`` checks it again. One atomic load, and none without a token.
     @inline(__always)
-    public var needsRefresh: Bool {
+    private var needsRefresh: Bool {
         guard self.token != nil, let tokens = self.security.tokens else {
             return false
         }
@@ -255,7 +249,7 @@ public final class ConnectionCredentials {
     /// leaves the connection with its other credentials (and its calls that needed the
     /// token are refused UNAUTHENTICATED, saying so); one whose permissions changed takes
     /// the new ones.
-    public func refresh() {
+    private func refresh() {
         guard let token = self.token, let tokens = self.security.tokens else {
             return
         }

@@ -277,7 +277,7 @@ struct ServeCommand: AsyncParsableCommand {
         if let address = server.doorAddresses["grpc"] {
             Self.say("grpc listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
         }
-        Self.describe(security, configuration)
+        Self.describe(security, configuration, door: server.doorAddresses["grpc"] != nil)
         readiness.set(.ready)
 
         // Lifecycle: the first SIGTERM/SIGINT drains, within --drain-timeout; a second one
@@ -335,14 +335,20 @@ struct ServeCommand: AsyncParsableCommand {
     }
 
     /// Says how each listener is guarded, once at start (never a token).
-    static func describe(_ security: ServeSecurity, _ configuration: ServerConfiguration) {
+    static func describe(_ security: ServeSecurity, _ configuration: ServerConfiguration, door: Bool) {
         if let tokens = security.tokens {
             Self.say("auth: \(tokens.count) tokens from \(tokens.path)")
         }
         if let tls = security.tls {
             Self.say("tls: \(tls.files.certificate), valid until \(ServerTLS.date(tls.notValidAfter))\(tls.requiresClientCertificates ? "; client certificates required (\(tls.files.clientCA ?? "-"))" : "")")
         }
-        var listeners = [security.tcp, security.grpc]
+        var listeners: [ListenerSecurity] = []
+        if configuration.tcp != nil {
+            listeners.append(security.tcp)
+        }
+        if door {
+            listeners.append(security.grpc)
+        }
         if configuration.unixSocketPath != nil {
             listeners.append(security.unix)
         }

@@ -146,12 +146,13 @@ import Testing
         (.all, .check, .revokedToken, true, .unauthenticated, .revoked),
     ])
     func refusals(_ granted: Permissions, _ anonymous: Permissions, _ credential: CallerCredential, _ accepts: Bool, _ status: StatusCode, _ reason: Refusal.Reason) throws {
-        let access = CallerAccess(
-            permissions: anonymous.intersection(granted),
-            credential: credential,
+        let file = try TemporaryFile("\(AccessTokensTests.writer)\n")
+        let listener = ListenerSecurity(
             policy: ListenerPolicy(name: "tcp", granted: granted, anonymous: anonymous),
-            acceptsCredentials: accepts
+            tokens: accepts ? try AccessTokens(path: file.path) : nil
         )
+        #expect(listener.acceptsCredentials == accepts)
+        let access = CallerAccess(permissions: anonymous.intersection(granted), credential: credential, listener: listener)
         let refusal = try #require(access.refusal(for: .revokeGrant))
         #expect(refusal.status == status)
         #expect(refusal.reason == reason)

@@ -295,6 +295,14 @@ func status(_ body: () async throws -> Void) async -> (StatusCode, String)? {
         try await tls.stop()
     }
 
+    @Test func authenticateOnAServerWithoutATokenFileIsAFailedPrecondition() async throws {
+        let server = try await SecureServer(tcp: .open("tcp"))
+        let refused = await status { _ = try await server.client(token: .value(writer)).health() }
+        #expect(refused?.0 == .failedPrecondition)
+        #expect(refused?.1 == "this server has no --auth-token-file: there is nothing to authenticate with")
+        try await server.stop()
+    }
+
     @Test func aPlainClientOnATLSPortIsToldSo() async throws {
         let certificates = try Certificates.get()
         let server = try await SecureServer(tcp: ListenerSecurity(policy: .open("tcp"), tls: try certificates.serverTLS()))

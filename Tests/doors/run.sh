@@ -68,10 +68,7 @@ grep -q "watch ended UNAVAILABLE; health watch ended UNAVAILABLE after SERVING -
   || { echo "doors: the drain did not end the watches as docs/doors.md says" >&2; exit 1; }
 # TLS and tokens (docs/security.md): a second server with --tls-cert and --auth-token-file,
 # its certificate made here by openssl for localhost and 127.0.0.1.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$work/ca.key" -out "$work/ca.pem" -days 2 -subj "/CN=doors test CA" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$work/server.key" -out "$work/server.csr" -subj "/CN=localhost" 2>/dev/null
-printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" > "$work/server.ext"
-openssl x509 -req -in "$work/server.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -out "$work/server.pem" -days 1 -extfile "$work/server.ext" 2>/dev/null
+dev/make-test-certificates.sh "$work"
 token="$(openssl rand -hex 32)"
 echo "$token check,write" > "$work/tokens"
 "$ENT" serve --data-dir "$work/secure-data" --snapshot "$work/seed.snap" --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 \

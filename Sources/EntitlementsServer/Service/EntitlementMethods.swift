@@ -80,8 +80,8 @@ public final class EntitlementMethods: Sendable {
     /// a `min_log_sequence` wait) `.later`.
     @inline(__always)  // into each transport's check: the hot path stays one function
     public func checkEntitlements(_ request: CheckEntitlementsRequest, _ context: CallContext) -> MethodResult<CheckAnswer> {
-        guard context.access.permissions.contains(.check) else {
-            return .now(.failure(self.refuse(.checkEntitlements, context)))
+        if let refused = self.authorize(.checkEntitlements, context) {
+            return .now(.failure(refused))
         }
         if let problem = Validation.problem(userId: request.userId, field: "user_id") ?? Validation.problem(entitlementIds: request.entitlementIds) {
             return .failure(.invalidArgument, problem)
@@ -409,17 +409,22 @@ public final class EntitlementMethods: Sendable {
     /// Nil when the caller may call `method`; else the refusal, counted and logged.
     @inline(__always)
     public func authorize(_ method: MethodID, _ context: CallContext) -> ServiceError? {
-        guard let needed = Permissions.required(by: method), !context.access.permissions.isSuperset(of: needed) else {
-            return nil
+        context.access.refusal(for: method).map { self.refused($0, context) }
+    }
+
+    /// The access of one call carrying `authorization` (`Bearer TOKEN`, gRPC and HTTP) on a
+    /// connection with `credentials`; a bad token is refused, counted and logged.
+    public func access(_ credentials: ConnectionCredentials, authorization: String?) -> Result<CallerAccess, ServiceError> {
+        credentials.access(authorization: authorization).mapError { refusal in
+            self.recordRefusal(refusal, listener: credentials.security.policy.name, peer: credentials.peer)
+            return ServiceError(refusal.status, refusal.message)
         }
-        return self.refuse(method, context)
     }
 
     /// Counts and logs a refused call (docs/security.md, "Refusals"), and says why.
     @inline(never)
-    func refuse(_ method: MethodID, _ context: CallContext) -> ServiceError {
-        let refusal = context.access.refusal(needing: Permissions.required(by: method) ?? .all, method: "\(method)")
-        self.recordRefusal(refusal, listener: context.access.policy.name, peer: context.scope.peer)
+    private func refused(_ refusal: Refusal, _ context: CallContext) -> ServiceError {
+        self.recordRefusal(refusal, listener: context.access.listener.policy.name, peer: context.scope.peer)
         return ServiceError(refusal.status, refusal.message)
     }
 

@@ -206,7 +206,7 @@ public final class EntitlementsServer: Sendable {
         for resolver in self.pool.resolvers {
             total = total + (await resolver.cacheStatistics)
         }
-        self.services.metrics.refresh(cache: total, store: self.store, now: WallClock.unixMilliseconds(), isReady: self.health.isServing)
+        self.services.metrics.refresh(cache: total, coldReads: self.pool.coldReads.statistics, store: self.store, now: WallClock.unixMilliseconds(), isReady: self.health.isServing)
     }
 
     /// Compacts the data directory now: a new snapshot with every acknowledged write.
@@ -254,7 +254,8 @@ public final class EntitlementsServer: Sendable {
             eventLoops: loops,
             store: store,
             cacheBytes: configuration.cacheBytes,
-            warmAt: instant ?? WallClock.unixMilliseconds()
+            warmAt: instant ?? WallClock.unixMilliseconds(),
+            coldReads: configuration.coldReads
         )
         let health = ServerHealth()
         let services = ServerServices(
@@ -464,6 +465,8 @@ public final class EntitlementsServer: Sendable {
             // has shut down (which NIO reports, and will make a crash).
             try? await loop.submit { self.quiescing.withLock { $0.removeAll() } }.get()
         }
+        // Every call was answered: no cold read is still wanted.
+        await self.pool.shutdown()
         // Every acknowledged write is durable already; this waits for queued ones.
         self.store.close()
     }

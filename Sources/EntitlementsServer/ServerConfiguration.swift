@@ -57,6 +57,9 @@ public struct ServerConfiguration: Sendable {
     public var unixSecurity: ListenerSecurity = .open("unix")
     /// The Unix socket file's mode. Default 0660: the owner and the group may connect.
     public var unixSocketMode: UInt32 = 0o660
+    /// How cache misses are read: on how many threads of their own, with how long a queue
+    /// (docs/architecture.md, "Cold reads").
+    public var coldReads = ColdReadSettings()
     /// The Unix socket file's owner and group ids; nil keeps the server's.
     public var unixSocketOwner: UInt32?
     public var unixSocketGroup: UInt32?

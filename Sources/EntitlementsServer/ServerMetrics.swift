@@ -38,6 +38,10 @@ public final class ServerMetrics: Sendable {
     private let cacheEvictions: Counter
     private let cacheExpirations: Counter
     private let cacheBytes: Meter
+    private let coldReadsQueued: Meter
+    private let coldReads: Counter
+    private let coldReadsRefused: Counter
+    private let lastColdReads = Mutex(ColdReads.Statistics(queued: 0, started: 0, refused: 0))
     private let cacheEntries: Meter
     private let snapshotAge: Meter
     private let logBytes: Meter
@@ -72,6 +76,9 @@ public final class ServerMetrics: Sendable {
         self.cacheEvictions = Counter(label: "entitlements_cache_evictions_total", factory: factory)
         self.cacheExpirations = Counter(label: "entitlements_cache_expirations_total", factory: factory)
         self.cacheBytes = Meter(label: "entitlements_cache_bytes", factory: factory)
+        self.coldReadsQueued = Meter(label: "entitlements_cold_reads_queued", factory: factory)
+        self.coldReads = Counter(label: "entitlements_cold_reads_total", factory: factory)
+        self.coldReadsRefused = Counter(label: "entitlements_cold_reads_refused_total", factory: factory)
         self.cacheEntries = Meter(label: "entitlements_cache_entries", factory: factory)
         self.snapshotAge = Meter(label: "entitlements_snapshot_age_seconds", factory: factory)
         self.logBytes = Meter(label: "entitlements_log_bytes", factory: factory)
@@ -130,7 +137,14 @@ public final class ServerMetrics: Sendable {
     }
 
     /// Sets the values read at scrape time: the caches, the snapshot, the log.
-    func refresh(cache: LRUCache.Statistics, store: CustomerStore, now: Int64, isReady: Bool) {
+    func refresh(cache: LRUCache.Statistics, coldReads: ColdReads.Statistics, store: CustomerStore, now: Int64, isReady: Bool) {
+        let previousCold = self.lastColdReads.withLock { last in
+            defer { last = coldReads }
+            return last
+        }
+        self.coldReadsQueued.set(coldReads.queued)
+        self.coldReads.increment(by: Int64(coldReads.started - previousCold.started))
+        self.coldReadsRefused.increment(by: Int64(coldReads.refused - previousCold.refused))
         let previous = self.lastCache.withLock { last in
             defer { last = cache }
             return last

@@ -27,7 +27,7 @@ public enum CacheWarmer {
         resolver: EntitlementResolver,
         at instant: Int64
     ) throws -> Report {
-        try Self.warm(&shards, hotList: snapshot.hotList, lookup: snapshot.customer(for:), resolver: resolver, at: instant)
+        try Self.warm(&shards, hotList: snapshot.hotList, lookup: { try snapshot.customer(for: $0) }, resolver: resolver, at: instant)
     }
 
     /// Warms `shards` from `hotList`, reading each customer's current record with `lookup`

@@ -381,8 +381,9 @@ public final class CustomerStore: Sendable {
 
     /// The current record of the customer `userId` names, and the log sequence it was read
     /// at: every write up to that sequence is in it, and none after. Both come from one
-    /// moment under the lock (the snapshot itself is read outside it).
-    public func customerRead(for userId: String) throws -> (record: CustomerRecord?, sequence: UInt64) {
+    /// moment under the lock (the snapshot itself is read outside it). With `mayWait` false
+    /// the snapshot read throws ``WouldWait`` rather than wait for the disk.
+    public func customerRead(for userId: String, mayWait: Bool = true) throws -> (record: CustomerRecord?, sequence: UInt64) {
         while true {
             let (found, snapshot, sequence) = self.state.withLock { state in
                 (state.committed.find(userId), state.snapshot, state.committedSequence)
@@ -392,9 +393,9 @@ public final class CustomerStore: Sendable {
             case .record(let record):
                 return (record, sequence)
             case .snapshotId(let id):
-                record = try snapshot.customer(for: id).flatMap { $0.id == id ? $0 : nil }
+                record = try snapshot.customer(for: id, mayWait: mayWait).flatMap { $0.id == id ? $0 : nil }
             case .notWritten:
-                record = try snapshot.customer(for: userId)
+                record = try snapshot.customer(for: userId, mayWait: mayWait)
             }
             guard let record, let id = record.id else {
                 // Unknown at the first look: the snapshot never changes, so `sequence` is

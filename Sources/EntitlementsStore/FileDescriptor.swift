@@ -1,3 +1,5 @@
+import CEntitlementsShim
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -47,13 +49,26 @@ final class FileDescriptor: Sendable {
         return UInt64(status.st_size)
     }
 
+    /// One pread, or with `mayWait` false one that does not wait for the disk: it throws
+    /// ``WouldWait`` when the bytes are not in memory (RWF_NOWAIT).
+    private func pread(_ buffer: UnsafeMutableRawPointer, _ count: Int, _ offset: UInt64, mayWait: Bool) throws -> Int {
+        guard !mayWait else {
+            return Glibc.pread(self.fd, buffer, count, off_t(offset))
+        }
+        let result = ent_pread_nowait(self.fd, buffer, count, Int64(offset))
+        if result < 0, errno != EINTR {
+            throw WouldWait()
+        }
+        return result
+    }
+
     /// Reads exactly `count` bytes at `offset` into `buffer`; throws `.truncated` if the
     /// file ends first.
-    func read(into buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: UInt64) throws {
+    func read(into buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: UInt64, mayWait: Bool = true) throws {
         precondition(count <= buffer.count)
         var done = 0
         while done < count {
-            let result = pread(self.fd, buffer.baseAddress! + done, count - done, off_t(offset) + off_t(done))
+            let result = try self.pread(buffer.baseAddress! + done, count - done, offset + UInt64(done), mayWait: mayWait)
             if result < 0 {
                 if errno == EINTR { continue }
                 throw Self.error(self.path, "cannot read \(count) bytes at offset \(offset)")
@@ -70,18 +85,18 @@ final class FileDescriptor: Sendable {
         }
     }
 
-    func read(count: Int, at offset: UInt64) throws -> [UInt8] {
+    func read(count: Int, at offset: UInt64, mayWait: Bool = true) throws -> [UInt8] {
         try [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
-            try self.read(into: UnsafeMutableRawBufferPointer(buffer), count: count, at: offset)
+            try self.read(into: UnsafeMutableRawBufferPointer(buffer), count: count, at: offset, mayWait: mayWait)
             initialized = count
         }
     }
 
     /// Reads up to `count` bytes at `offset`, fewer only at the end of the file.
-    func readUpTo(into buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: UInt64) throws -> Int {
+    func readUpTo(into buffer: UnsafeMutableRawBufferPointer, count: Int, at offset: UInt64, mayWait: Bool = true) throws -> Int {
         var done = 0
         while done < count {
-            let result = pread(self.fd, buffer.baseAddress! + done, count - done, off_t(offset) + off_t(done))
+            let result = try self.pread(buffer.baseAddress! + done, count - done, offset + UInt64(done), mayWait: mayWait)
             if result < 0 {
                 if errno == EINTR { continue }
                 throw Self.error(self.path, "cannot read at offset \(offset)")
@@ -138,4 +153,9 @@ final class FileDescriptor: Sendable {
         let reason = String(cString: strerror(errno))
         return SnapshotError(code: .io, path: path, reason: "\(what): \(reason)")
     }
+}
+
+/// A read asked not to wait for the disk would have: its bytes are not in memory.
+public struct WouldWait: Error, CustomStringConvertible {
+    public var description: String { "the read would wait for the disk" }
 }

@@ -144,8 +144,9 @@ public final class SnapshotReader: Sendable {
     public var catalog: Catalog { self.header.catalog ?? Catalog() }
 
     /// The customer whose id or alias is `userId`, or nil for an unknown user. Throws a
-    /// ``SnapshotError`` if the record found is corrupt.
-    public func customer(for userId: String) throws -> CustomerRecord? {
+    /// ``SnapshotError`` if the record found is corrupt; with `mayWait` false, ``WouldWait``
+    /// if a page it needs is not in memory (the read would wait for the disk).
+    public func customer(for userId: String, mayWait: Bool = true) throws -> CustomerRecord? {
         let hash = KeyHash.hash(userId)
         let bucket = Int(hash >> 48)
         let low = bucket == 0 ? 0 : Int(self.fanout[bucket - 1])
@@ -155,7 +156,7 @@ public final class SnapshotReader: Sendable {
         }
         // The bucket's entries are sorted by hash: read them at once, then search.
         let count = high - low
-        let entries = try self.file.read(count: count * SnapshotFormat.indexEntrySize, at: self.entriesOffset + UInt64(low * SnapshotFormat.indexEntrySize))
+        let entries = try self.file.read(count: count * SnapshotFormat.indexEntrySize, at: self.entriesOffset + UInt64(low * SnapshotFormat.indexEntrySize), mayWait: mayWait)
         return try entries.withUnsafeBytes { bytes in
             var first = 0
             var last = count
@@ -170,7 +171,7 @@ public final class SnapshotReader: Sendable {
             var position = first
             while position < count, bytes.littleEndian(at: position * SnapshotFormat.indexEntrySize, as: UInt64.self) == hash {
                 let offset = bytes.littleEndian(at: position * SnapshotFormat.indexEntrySize + 8, as: UInt64.self)
-                let record = try Self.readRecord(from: self.file, path: self.path, at: offset, limit: self.records.end)
+                let record = try Self.readRecord(from: self.file, path: self.path, at: offset, limit: self.records.end, mayWait: mayWait)
                 if record.id == userId || record.aliases.contains(userId) {
                     return record
                 }
@@ -220,8 +221,8 @@ public final class SnapshotReader: Sendable {
 
     // MARK: Reading pieces
 
-    static func readRecord(from file: FileDescriptor, path: String, at offset: UInt64, limit: UInt64) throws -> CustomerRecord {
-        try Self.readRecordAndSize(from: file, path: path, at: offset, limit: limit).record
+    static func readRecord(from file: FileDescriptor, path: String, at offset: UInt64, limit: UInt64, mayWait: Bool = true) throws -> CustomerRecord {
+        try Self.readRecordAndSize(from: file, path: path, at: offset, limit: limit, mayWait: mayWait).record
     }
 
     /// Reads the record at `offset` (which must end by `limit`) with one pread when it is
@@ -230,14 +231,15 @@ public final class SnapshotReader: Sendable {
         from file: FileDescriptor,
         path: String,
         at offset: UInt64,
-        limit: UInt64
+        limit: UInt64,
+        mayWait: Bool = true
     ) throws -> (record: CustomerRecord, size: UInt64) {
         guard offset + UInt64(SnapshotFormat.recordHeaderSize) <= limit else {
             throw SnapshotError(code: .corrupt, path: path, offset: offset, reason: "a record header would extend past the records section")
         }
         let speculative = Int(min(UInt64(SnapshotFormat.speculativeReadSize), limit - offset))
         return try withUnsafeTemporaryAllocation(byteCount: SnapshotFormat.speculativeReadSize, alignment: 8) { buffer in
-            let got = try file.readUpTo(into: buffer, count: speculative, at: offset)
+            let got = try file.readUpTo(into: buffer, count: speculative, at: offset, mayWait: mayWait)
             guard got >= SnapshotFormat.recordHeaderSize else {
                 throw SnapshotError(code: .truncated, path: path, offset: offset, reason: "the file ends inside a record header")
             }
@@ -278,7 +280,7 @@ public final class SnapshotReader: Sendable {
                 let payload = UnsafeRawBufferPointer(rebasing: header[SnapshotFormat.recordHeaderSize..<(SnapshotFormat.recordHeaderSize + length)])
                 return (try decode(payload), size)
             }
-            let payload = try file.read(count: length, at: offset + UInt64(SnapshotFormat.recordHeaderSize))
+            let payload = try file.read(count: length, at: offset + UInt64(SnapshotFormat.recordHeaderSize), mayWait: mayWait)
             return (try payload.withUnsafeBytes { try decode($0) }, size)
         }
     }

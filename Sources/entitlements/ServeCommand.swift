@@ -61,6 +61,10 @@ struct ServeCommand: AsyncParsableCommand {
     var resolvers: String?
     @Option(help: "Cache budget, e.g. 64MiB, 1GiB or a number of bytes (default 256MiB).")
     var cacheBytes: String?
+    @Option(help: "Threads that read cache misses off the event loops (default 2); 0 reads them on the loop.")
+    var coldReadThreads: String?
+    @Option(help: "Cache misses being read or waiting at once (default 1024); more get RESOURCE_EXHAUSTED.")
+    var coldReadQueue: String?
     @Option(help: "The largest frame payload accepted, in bytes (default 1048576).")
     var maxFrameBytes: String?
     @Option(help: "Connections open at once (default 10000); more get RESOURCE_EXHAUSTED.")
@@ -140,6 +144,7 @@ struct ServeCommand: AsyncParsableCommand {
         let options: [(String, String?)] = [
             ("snapshot", self.snapshot), ("data-dir", self.dataDir), ("fsync", self.fsync), ("compact-after", self.compactAfter),
             ("listen", self.listen), ("unix", self.unix), ("threads", self.threads), ("resolvers", self.resolvers), ("cache-bytes", self.cacheBytes),
+            ("cold-read-threads", self.coldReadThreads), ("cold-read-queue", self.coldReadQueue),
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),

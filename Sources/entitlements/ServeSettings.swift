@@ -44,6 +44,8 @@ struct ServeSettings {
         Key(name: "threads", defaultValue: "\(System.coreCount)", help: "event loop threads for connections and resolvers; default: CPU cores"),
         Key(name: "resolvers", defaultValue: "\(System.coreCount)", help: "resolver actors (cache shards); default: CPU cores"),
         Key(name: "cache-bytes", defaultValue: "256MiB", help: "cache budget across all resolvers"),
+        Key(name: "cold-read-threads", defaultValue: "2", help: "threads that read cache misses off the event loops; 0 reads them on the loop"),
+        Key(name: "cold-read-queue", defaultValue: "1024", help: "cache misses read or waiting at once; more are refused with RESOURCE_EXHAUSTED"),
         Key(name: "max-frame-bytes", defaultValue: "1048576", help: "largest request payload"),
         Key(name: "max-connections", defaultValue: "10000", help: "connections open at once; more are refused with RESOURCE_EXHAUSTED"),
         Key(name: "max-in-flight", defaultValue: "1024", help: "calls in flight per connection before the server stops reading it"),
@@ -442,6 +444,10 @@ struct ServeSettings {
             // Only a fleet server has an upstream to be stale against.
             maximumStaleness: self.text("postgres") == nil ? nil : try self.duration("max-staleness"),
             stalePolicy: self.text("postgres") == nil ? .open : try self.stalePolicy()
+        )
+        configuration.coldReads = ColdReadSettings(
+            threads: try self.integer("cold-read-threads", in: 0...256),
+            queueLimit: try self.integer("cold-read-queue", in: 1...1_000_000)
         )
         configuration.tcpSecurity = security.tcp
         configuration.unixSecurity = security.unix

@@ -33,13 +33,14 @@ final class ServerFixture: Sendable {
         holdableResolvers: Bool = false,
         writable: Bool = false,
         metrics: ServerMetrics = ServerMetrics(),
+        loops: Int = 2,
         configuration: ServerConfiguration = ServerConfiguration(tcp: ("127.0.0.1", 0))
     ) async throws {
         self.directory = FileManager.default.temporaryDirectory.appendingPathComponent("server-tests-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: self.directory, withIntermediateDirectories: true)
         _ = try SnapshotTools.generate(count: customers, seed: 5, now: now, outputPath: self.directory + "/data.snap")
         self.snapshot = try SnapshotReader(path: self.directory + "/data.snap")
-        self.group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        self.group = MultiThreadedEventLoopGroup(numberOfThreads: loops)
         self.resolverGroup = holdableResolvers ? MultiThreadedEventLoopGroup(numberOfThreads: 1) : nil
         var configuration = configuration
         configuration.unixSocketPath = self.directory + "/server.sock"

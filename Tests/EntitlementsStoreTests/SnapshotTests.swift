@@ -97,6 +97,21 @@ struct SnapshotTests {
         #expect(try reader.verifyRecords() == (0, 0))
     }
 
+    @Test("a lookup that may not wait for the disk (RWF_NOWAIT) finds what a waiting one finds once the file is in memory")
+    func lookupWithoutWaiting() throws {
+        let scratch = try ScratchDirectory()
+        _ = try SnapshotTools.generate(count: 200, seed: 3, now: now, outputPath: scratch.file("data.snap"))
+        let reader = try SnapshotReader(path: scratch.file("data.snap"))
+        // Just written and read once: its pages are in the page cache.
+        for index in 0..<200 {
+            let id = SyntheticData.customerId(index)
+            let waited = try reader.customer(for: id)
+            #expect(waited?.id == id)
+            #expect(try reader.customer(for: id, mayWait: false) == waited)
+        }
+        #expect(try reader.customer(for: "nobody", mayWait: false) == nil)
+    }
+
     @Test("hash collisions are resolved by comparing the keys themselves")
     func collisionsAreChecked() throws {
         // Not a real collision (none is known for this hash), but the same mechanism:

@@ -79,4 +79,11 @@ static inline void ent_release_free_memory(void) {}
 int ent_tolerating_unknown_enums(void);
 void ent_set_tolerating_unknown_enums(int on);
 
+/* pread that never waits for the disk: preadv2 with RWF_NOWAIT (Linux 4.14 and later).
+ * Returns the bytes read (fewer than asked when only part is in memory), or -1 with errno
+ * EAGAIN when the data is not in the page cache; EOPNOTSUPP or ENOSYS where the file
+ * system or kernel cannot say (callers then treat the read as one that would wait). */
+#include <sys/types.h>
+ssize_t ent_pread_nowait(int fd, void *buffer, size_t count, long long offset);
+
 #endif

@@ -114,15 +114,19 @@ public final class EntitlementMethods: Sendable {
         if first.eventLoop === context.eventLoop {
             outcome = first.core.value.check(query)
         }
-        if let outcome, !outcome.isForward {
+        if let outcome, !outcome.isUnfinished {
             return .now(CheckAnswer.make(outcome, query: query, staleForMilliseconds: stale))
         }
         // The resolver is on another loop, or this was an alias of another resolver's
-        // customer (which that resolver answers): one hop, answered when it is back.
+        // customer (which that resolver answers): one hop, answered when it is back. A miss
+        // is read on a cold-read thread; this loop answers other checks meanwhile.
         let promise = context.eventLoop.makePromise(of: CheckOutcome.self)
-        if case .forward(let shard, let customerId) = outcome {
+        switch outcome {
+        case .forward(let shard, let customerId):
             self.pool.check(query, owner: shard, customerId: customerId, for: context.scope, completing: promise)
-        } else {
+        case .cold:
+            self.pool.readCold(query, customerId: nil, on: first, completing: promise)
+        default:
             self.pool.check(query, for: context.scope, completing: promise)
         }
         return .later(promise.futureResult.map { CheckAnswer.make($0, query: query, staleForMilliseconds: stale) })
@@ -182,7 +186,9 @@ public final class EntitlementMethods: Sendable {
                     return .failure(ServiceError(.internalError, "user \(userId): \(reason)"))
                 case .stopping:
                     return .failure(ServiceError(.unavailable, CheckAnswer.stoppingMessage))
-                case .deadlineExceeded, .forward:
+                case .busy(let reason):
+                    return .failure(ServiceError(.resourceExhausted, "user \(userId): \(reason)"))
+                case .deadlineExceeded, .forward, .cold:
                     return .failure(ServiceError(.deadlineExceeded, "the deadline passed before every user was checked"))
                 }
             }
@@ -553,8 +559,10 @@ public struct CheckAnswer: Sendable {
         switch outcome {
         case .answer(let answer, let customerId, let fromCache):
             .success(CheckAnswer(answer: answer, userId: query.userId, customerId: customerId, requestDate: query.instant, staleForMilliseconds: staleForMilliseconds, fromCache: fromCache))
-        case .deadlineExceeded, .forward:
+        case .deadlineExceeded, .forward, .cold:
             .failure(ServiceError(.deadlineExceeded, "the deadline passed before the answer was ready"))
+        case .busy(let reason):
+            .failure(ServiceError(.resourceExhausted, reason))
         case .failed(let reason):
             .failure(ServiceError(.internalError, reason))
         case .stopping:

@@ -24,6 +24,12 @@ enum CheckOutcome: Sendable {
     /// customer id. (It reads the record itself: a record read here could be older than
     /// a write the owner has already been told about.)
     case forward(shard: Int, customerId: String)
+    /// Not in the cache, nor in memory: the customer must be read from the disk
+    /// (``ResolverPool/readCold(_:customerId:on:completing:)``, on the cold-read threads).
+    /// Never returned when there are no cold-read threads.
+    case cold
+    /// The cold-read queue is full: RESOURCE_EXHAUSTED, with the reason.
+    case busy(String)
     /// The deadline passed before the work started.
     case deadlineExceeded
     /// The snapshot could not be read (corruption): INTERNAL, with the reason.
@@ -34,8 +40,13 @@ enum CheckOutcome: Sendable {
 }
 
 extension CheckOutcome {
-    var isForward: Bool {
-        if case .forward = self { true } else { false }
+    /// Whether another step must run first: a forward to the customer's resolver, or a
+    /// cold read.
+    var isUnfinished: Bool {
+        switch self {
+        case .forward, .cold: true
+        default: false
+        }
     }
 }
 
@@ -59,10 +70,10 @@ public actor ResolverActor {
     /// The state and the rules, usable only on `eventLoop` (checked on each access).
     nonisolated let core: NIOLoopBoundBox<ResolverCore>
 
-    init(shard: Int, shardCount: Int, eventLoop: any EventLoop, store: CustomerStore, resolver: EntitlementResolver, cache: LRUCache) {
+    init(reader: ColdReader, inline: Bool, eventLoop: any EventLoop, cache: LRUCache) {
         self.eventLoop = eventLoop
         self.core = .makeBoxSendingValue(
-            ResolverCore(shard: shard, shardCount: shardCount, store: store, resolver: resolver, cache: cache),
+            ResolverCore(reader: reader, inline: inline, cache: cache),
             eventLoop: eventLoop
         )
     }
@@ -76,24 +87,35 @@ public actor ResolverActor {
     }
 }
 
-/// A resolver's cache shard, alias memory and rules: confined to its resolver's event loop.
+/// A resolver's cache shard, alias memory and cold reads under way: confined to its
+/// resolver's event loop.
+///
+/// A miss is read here with reads that do not wait for the disk; one that would wait is read
+/// on the cold-read threads instead (docs/architecture.md, "Cold reads"), unless reads are
+/// `inline`. Either way what the read found comes back here (``absorb(_:for:current:)``) to
+/// be cached and learnt, and checks for the same key that arrive while a cold read is
+/// under way wait for it instead of reading again.
 final class ResolverCore {
-    let shard: Int
-    let shardCount: Int
-    private let store: CustomerStore
-    private let resolver: EntitlementResolver
+    let reader: ColdReader
+    var shard: Int { self.reader.shard }
+    var shardCount: Int { self.reader.shardCount }
+    /// Misses are read on this loop, waiting for the disk if need be (no cold-read threads).
+    let inline: Bool
     private(set) var cache: LRUCache
     /// alias -> canonical id, learnt from store reads, so that a repeated alias check
     /// costs no store read. Bounded: cleared when it reaches `aliasLimit`. A write that
     /// moves or removes an alias makes every resolver forget it before it is acknowledged.
     private var aliases: [String: String] = [:]
     private let aliasLimit = 100_000
+    /// Counts the writes this resolver was told of: a cold read that started in an earlier
+    /// epoch may hold a record older than an acknowledged write.
+    private(set) var epoch: UInt64 = 0
+    /// Cold reads under way, by the key they were asked under.
+    var pendingReads: [CacheKey: PendingRead] = [:]
 
-    init(shard: Int, shardCount: Int, store: CustomerStore, resolver: EntitlementResolver, cache: LRUCache) {
-        self.shard = shard
-        self.shardCount = shardCount
-        self.store = store
-        self.resolver = resolver
+    init(reader: ColdReader, inline: Bool, cache: LRUCache) {
+        self.reader = reader
+        self.inline = inline
         self.cache = cache
     }
 
@@ -103,40 +125,16 @@ final class ResolverCore {
         }
         let canonical = self.aliases[query.userId] ?? query.userId
         let owner = LRUCache.shardIndex(for: canonical, shardCount: self.shardCount)
-        if owner == self.shard {
-            let key = CacheKey(customerId: canonical, environment: query.environment, entitlementIds: query.entitlementIds)
-            if let answer = self.cache.answer(for: key, at: query.instant) {
-                return .answer(answer, customerId: canonical, fromCache: true)
-            }
-        } else {
+        guard owner == self.shard else {
             // An alias learnt earlier, of another resolver's customer: no store read here.
             return .forward(shard: owner, customerId: canonical)
         }
-        let record: CustomerRecord?
-        let sequence: UInt64
-        do {
-            (record, sequence) = try self.store.customerRead(for: query.userId)
-        } catch {
-            return .failed("\(error)")
+        let key = CacheKey(customerId: canonical, environment: query.environment, entitlementIds: query.entitlementIds)
+        if let answer = self.cache.answer(for: key, at: query.instant) {
+            return .answer(answer, customerId: canonical, fromCache: true)
         }
-        guard let record, let customerId = record.id else {
-            return self.unknownUser(query, sequence: sequence)
-        }
-        if customerId != query.userId {
-            if self.aliases.count >= self.aliasLimit {
-                self.aliases.removeAll(keepingCapacity: true)
-            }
-            self.aliases[query.userId] = customerId
-        }
-        let recordOwner = LRUCache.shardIndex(for: customerId, shardCount: self.shardCount)
-        guard recordOwner == self.shard else {
-            return .forward(shard: recordOwner, customerId: customerId)
-        }
-        if customerId == query.userId {
-            // The cache was asked above, under this very key.
-            return self.resolveAndCache(record, sequence: sequence, customerId: customerId, query)
-        }
-        return self.answer(for: record, sequence: sequence, customerId: customerId, query)
+        // Read by the id as asked, alias or not: an alias that moved is followed.
+        return self.readHere(query, customerId: nil)
     }
 
     /// The answer for this resolver's customer `customerId`, asked for by an alias another
@@ -149,21 +147,78 @@ final class ResolverCore {
         if let answer = self.cache.answer(for: key, at: query.instant) {
             return .answer(answer, customerId: customerId, fromCache: true)
         }
-        let record: CustomerRecord?
-        let sequence: UInt64
-        do {
-            (record, sequence) = try self.store.customerRead(for: customerId)
-        } catch {
-            return .failed("\(error)")
-        }
-        guard let record else {
-            return self.unknownUser(query, sequence: sequence)
-        }
-        return self.resolveAndCache(record, sequence: sequence, customerId: customerId, query)
+        return self.readHere(query, customerId: customerId)
     }
 
+    /// A miss read on this loop: at once if the snapshot's pages are in memory (or if there
+    /// are no cold-read threads, waiting for them); else `.cold`. A read of the same key
+    /// already under way on the threads is waited for rather than raced.
+    private func readHere(_ query: CheckQuery, customerId: String?) -> CheckOutcome {
+        if !self.pendingReads.isEmpty,
+            self.pendingReads[CacheKey(customerId: customerId ?? query.userId, environment: query.environment, entitlementIds: query.entitlementIds)] != nil
+        {
+            return .cold
+        }
+        guard let read = self.reader.read(query, customerId: customerId, mayWait: self.inline) else {
+            return .cold
+        }
+        self.absorb(read, for: query, current: true)
+        return self.outcome(of: read, for: query)
+    }
+
+    /// Takes in what a cold read of `query` found: learns the alias and caches the answer,
+    /// unless the read is not `current` (a write may have changed the customer since it
+    /// started).
+    func absorb(_ read: ColdRead, for query: CheckQuery, current: Bool) {
+        guard current else {
+            return
+        }
+        switch read {
+        case .resolved(_, let customerId), .elsewhere(_, let customerId):
+            if customerId != query.userId {
+                if self.aliases.count >= self.aliasLimit {
+                    self.aliases.removeAll(keepingCapacity: true)
+                }
+                self.aliases[query.userId] = customerId
+            }
+            if case .resolved(let answer, _) = read {
+                let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
+                self.cache.insert(answer, for: key, at: query.instant)
+            }
+        case .unknown, .failed, .abandoned:
+            // Unknown users are not cached: ids that do not exist are unbounded, and the
+            // index says "absent" fast.
+            break
+        }
+    }
+
+    /// What `read` answers `query`: the check that started it or one that waited for it.
+    func outcome(of read: ColdRead, for query: CheckQuery) -> CheckOutcome {
+        switch read {
+        case .unknown(let sequence):
+            // Empty, valid forever (until a write creates the user).
+            return .answer(CachedAnswer.empty(resolvedAt: query.instant, logSequence: sequence), customerId: nil, fromCache: false)
+        case .elsewhere(let owner, let customerId):
+            return .forward(shard: owner, customerId: customerId)
+        case .resolved(let answer, let customerId):
+            guard answer.isValid(at: query.instant) else {
+                // A waiter asking about another instant than the answer holds for: it asks
+                // again, as a forward to this very resolver.
+                return .forward(shard: self.shard, customerId: customerId)
+            }
+            return .answer(answer, customerId: customerId, fromCache: false)
+        case .failed(let reason):
+            return .failed(reason)
+        case .abandoned:
+            return .stopping
+        }
+    }
+
+
     /// Forgets what a write changed, before the write is acknowledged: the cached answers
-    /// of `customerIds` (those this resolver owns) and the learnt `aliases`.
+    /// of `customerIds` (those this resolver owns) and the learnt `aliases`. Cold reads under
+    /// way are not joined any more, nor cached when they finish: they may have read the
+    /// records before the write.
     func invalidate(customerIds: some Sequence<String>, aliases: some Sequence<String>) {
         for id in customerIds {
             self.cache.removeAll(customerId: id)
@@ -171,35 +226,10 @@ final class ResolverCore {
         for alias in aliases {
             self.aliases[alias] = nil
         }
-    }
-
-    /// The cached answer for the customer, or a freshly resolved one.
-    private func answer(for record: CustomerRecord, sequence: UInt64, customerId: String, _ query: CheckQuery) -> CheckOutcome {
-        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
-        if let answer = self.cache.answer(for: key, at: query.instant) {
-            return .answer(answer, customerId: customerId, fromCache: true)
+        self.epoch &+= 1
+        if !self.pendingReads.isEmpty {
+            self.pendingReads.removeAll()
         }
-        return self.resolveAndCache(record, sequence: sequence, customerId: customerId, query)
-    }
-
-    /// Resolves, encodes and caches an answer the cache does not have (each miss is asked
-    /// of the cache once, so its statistics count it once).
-    private func resolveAndCache(_ record: CustomerRecord, sequence: UInt64, customerId: String, _ query: CheckQuery) -> CheckOutcome {
-        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
-        let resolution = self.resolver.resolve(record, at: query.instant, environment: query.environment, entitlementIds: query.entitlementIds)
-        do {
-            let answer = try CachedAnswer(resolution, resolvedAt: query.instant, logSequence: sequence)
-            self.cache.insert(answer, for: key, at: query.instant)
-            return .answer(answer, customerId: customerId, fromCache: false)
-        } catch {
-            return .failed("cannot encode the answer for \(customerId): \(error)")
-        }
-    }
-
-    /// Unknown users get an empty answer, valid forever (until a write creates them).
-    /// Not cached: ids that do not exist are unbounded, and the index says "absent" fast.
-    private func unknownUser(_ query: CheckQuery, sequence: UInt64) -> CheckOutcome {
-        .answer(CachedAnswer.empty(resolvedAt: query.instant, logSequence: sequence), customerId: nil, fromCache: false)
     }
 }
 
@@ -236,15 +266,19 @@ public final class ResolverPool: Sendable {
     /// loop are then answered ``CheckOutcome/stopping`` instead of resolved, so that the
     /// loops empty at once rather than after seconds of work nobody will read.
     private let abandoned = Atomic<Bool>(false)
+    /// The threads that read misses, and the bound on their queue.
+    let coldReads: ColdReads
 
     /// Creates `count` resolvers over `store`, each with `cacheBytes / count` of cache,
-    /// and warms their caches from the snapshot's hot list at `instant`.
+    /// and warms their caches from the snapshot's hot list at `instant`. Misses are read as
+    /// `coldReads` says; call ``shutdown()`` when done if it has threads.
     public init(
         count: Int,
         eventLoops: [any EventLoop],
         store: CustomerStore,
         cacheBytes: Int,
-        warmAt instant: Int64
+        warmAt instant: Int64,
+        coldReads: ColdReadSettings = .inline
     ) throws {
         precondition(count > 0 && !eventLoops.isEmpty)
         let resolver = EntitlementResolver(catalog: store.catalog)
@@ -260,16 +294,20 @@ public final class ResolverPool: Sendable {
         )
         self.resolvers = shards.enumerated().map { index, cache in
             ResolverActor(
-                shard: index,
-                shardCount: count,
+                reader: ColdReader(shard: index, shardCount: count, store: store, resolver: resolver, disk: coldReads.disk),
+                inline: coldReads.threads == 0,
                 eventLoop: eventLoops[index % eventLoops.count],
-                store: store,
-                resolver: resolver,
                 cache: cache
             )
         }
         self.store = store
         self.resolver = resolver
+        self.coldReads = ColdReads(coldReads)
+    }
+
+    /// Stops the cold-read threads (after the reads they hold).
+    public func shutdown() async {
+        await self.coldReads.shutdown()
     }
 
     /// What warm-up did at start.
@@ -294,6 +332,8 @@ public final class ResolverPool: Sendable {
             switch outcome {
             case .forward(let shard, let customerId):
                 self.check(query, owner: shard, customerId: customerId, for: scope, completing: promise)
+            case .cold:
+                self.readCold(query, customerId: nil, on: first, completing: promise)
             default:
                 promise.succeed(outcome)
             }
@@ -315,7 +355,53 @@ public final class ResolverPool: Sendable {
                 promise.succeed(.stopping)
                 return
             }
-            promise.succeed(resolver.core.value.check(query, customerId: customerId))
+            let outcome = resolver.core.value.check(query, customerId: customerId)
+            if case .cold = outcome {
+                self.readCold(query, customerId: customerId, on: resolver, completing: promise)
+            } else {
+                promise.succeed(outcome)
+            }
+        }
+    }
+
+    /// Reads a miss of `resolver` (on its loop) on a cold-read thread, and completes
+    /// `promise` when it is read and resolved: the hits this loop answers meanwhile do not
+    /// wait for it. A read of the same key already under way is joined, not repeated. A
+    /// forwarded alias (`customerId`, this resolver's customer) is read by the customer id.
+    func readCold(_ query: CheckQuery, customerId: String?, on resolver: ResolverActor, completing promise: EventLoopPromise<CheckOutcome>) {
+        resolver.eventLoop.preconditionInEventLoop()
+        let core = resolver.core.value
+        let key = CacheKey(customerId: customerId ?? query.userId, environment: query.environment, entitlementIds: query.entitlementIds)
+        if let pending = core.pendingReads[key] {
+            pending.waiters.append((query, promise))
+            return
+        }
+        guard self.coldReads.reserve() else {
+            promise.succeed(.busy(self.coldReads.queueFullMessage))
+            return
+        }
+        let pending = PendingRead(epoch: core.epoch, first: query, promise: promise)
+        core.pendingReads[key] = pending
+        let reader = core.reader
+        let bound = NIOLoopBound(pending, eventLoop: resolver.eventLoop)
+        self.coldReads.run(
+            { self.abandoned.load(ordering: .relaxed) ? .abandoned : reader.read(query, customerId: customerId)! },
+            thenOn: resolver.eventLoop
+        ) { read in
+            let pending = bound.value
+            let core = resolver.core.value
+            if core.pendingReads[key] === pending {
+                core.pendingReads[key] = nil
+            }
+            core.absorb(read, for: query, current: core.epoch == pending.epoch)
+            for (waiting, promise) in pending.waiters {
+                switch core.outcome(of: read, for: waiting) {
+                case .forward(let owner, let customerId):
+                    self.check(waiting, owner: owner, customerId: customerId, completing: promise)
+                case let outcome:
+                    promise.succeed(outcome)
+                }
+            }
         }
     }
 
@@ -348,29 +434,45 @@ public final class ResolverPool: Sendable {
         // Shares for other loops go first, so that they run while this loop does its own.
         let nonEmpty = byShard.enumerated().filter { !$0.element.isEmpty }
         let shares = nonEmpty.filter { self.resolvers[$0.offset].eventLoop !== loop } + nonEmpty.filter { self.resolvers[$0.offset].eventLoop === loop }
-        let parts = shares.map { shard, indices -> EventLoopFuture<[CheckOutcome]> in
-            let part = loop.makePromise(of: [CheckOutcome].self)
+        // Each share's outcomes, and the cold reads it started (their answers come later).
+        typealias Share = (outcomes: [CheckOutcome], cold: [EventLoopFuture<(Int, CheckOutcome)>])
+        let parts = shares.map { shard, indices -> EventLoopFuture<Share> in
+            let part = loop.makePromise(of: Share.self)
             let resolver = self.resolvers[shard]
             Self.onLoop(of: resolver) {
                 guard !self.skips(scope) else {
-                    part.succeed(Array(repeating: .stopping, count: indices.count))
+                    part.succeed((Array(repeating: .stopping, count: indices.count), []))
                     return
                 }
                 let core = resolver.core.value
-                part.succeed(indices.map { core.check(queries[$0]) })
+                var cold: [EventLoopFuture<(Int, CheckOutcome)>] = []
+                let outcomes = indices.map { index in
+                    let outcome = core.check(queries[index])
+                    if case .cold = outcome {
+                        let read = loop.makePromise(of: CheckOutcome.self)
+                        self.readCold(queries[index], customerId: nil, on: resolver, completing: read)
+                        cold.append(read.futureResult.map { (index, $0) })
+                    }
+                    return outcome
+                }
+                part.succeed((outcomes, cold))
             }
             return part.futureResult
         }
         EventLoopFuture.whenAllSucceed(parts, on: loop).assumeIsolated().whenSuccess { results in
             var outcomes = [CheckOutcome](repeating: .stopping, count: queries.count)
             var forwards: [EventLoopFuture<(Int, CheckOutcome)>] = []
-            for (share, outcomesOfShare) in zip(shares, results) {
-                for (index, outcome) in zip(share.element, outcomesOfShare) {
-                    if case .forward(let owner, let customerId) = outcome {
+            for (share, result) in zip(shares, results) {
+                forwards += result.cold
+                for (index, outcome) in zip(share.element, result.outcomes) {
+                    switch outcome {
+                    case .forward(let owner, let customerId):
                         let forwarded = loop.makePromise(of: CheckOutcome.self)
                         self.check(queries[index], owner: owner, customerId: customerId, for: scope, completing: forwarded)
                         forwards.append(forwarded.futureResult.map { (index, $0) })
-                    } else {
+                    case .cold:
+                        break  // being read: among `forwards`
+                    default:
                         outcomes[index] = outcome
                     }
                 }
@@ -467,7 +569,9 @@ extension ResolverPool {
             throw CheckFailure(reason: .internalError, description: reason)
         case .stopping:
             throw CheckFailure(reason: .unavailable, description: "the server stopped before this check ran")
-        case .deadlineExceeded, .forward:
+        case .busy(let reason):
+            throw CheckFailure(reason: .unavailable, description: reason)
+        case .deadlineExceeded, .forward, .cold:
             throw CheckFailure(reason: .internalError, description: "the check was not answered")
         }
     }

@@ -19,6 +19,8 @@ let package = Package(
         // The gRPC peer: grpc-swift-2 over HTTP/2 (grpc-swift-nio-transport).
         .package(url: "https://github.com/grpc/grpc-swift-2.git", from: "2.4.3"),
         .package(url: "https://github.com/grpc/grpc-swift-nio-transport.git", from: "2.9.2"),
+        // The load generator's gRPC client decodes the servers' headers with NIOHPACK.
+        .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
         // TLS for the load generator's framed connections (the p2 and p3 TLS rows).
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
     ],
@@ -122,13 +124,12 @@ let package = Package(
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
         // The load generator of run.sh: closed and open loop, uniform or Zipf keys, our
-        // protocol, Redis GET or gRPC, HdrHistogram percentiles, JSON summaries.
+        // protocol, Redis GET or gRPC (raw HTTP/2 frames), HdrHistogram percentiles, JSON
+        // summaries.
         .executableTarget(
             name: "LoadGen",
             dependencies: [
-                "GRPCCheckService",
-                .product(name: "GRPCCore", package: "grpc-swift-2"),
-                .product(name: "GRPCNIOTransportHTTP2Posix", package: "grpc-swift-nio-transport"),
+                .product(name: "NIOHPACK", package: "swift-nio-http2"),
                 .product(name: "EntitlementsMessages", package: mainPackage),
                 .product(name: "EntitlementsWire", package: mainPackage),
                 .product(name: "EntitlementsResolver", package: mainPackage),

@@ -9,8 +9,9 @@
 # sets, starts each system pinned to one core (the load generator on another), runs the
 # profiles against each in turn with the same keys and payload bytes, and writes
 # benchmarks/results/<date>/ (or .build/bench-quick/ for --quick): summary.md with ratios
-# to Redis and to gRPC, one JSON summary and one percentile distribution per run, and
-# latency.png.
+# to Redis and to grpc-go, the targets, one JSON summary and one percentile distribution per
+# run, and latency.png. The gRPC peers (peers/: grpc-go and gRPC C++ from Debian's packages,
+# the grpc-swift-2 peer) answer the same bytes Redis holds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,13 +32,16 @@ else
   COLD_CUSTOMERS=5000000; COLD_CACHE=64MiB
 fi
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491; GRPC_PORT=7493; DOOR_PORT=7494
+PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491; GRPC_PORT=7493; DOOR_PORT=7494; GO_PORT=7495; CPP_PORT=7496
 
 # 1. What is missing.
 make deps >/dev/null
 missing=""
 command -v redis-server >/dev/null || missing="$missing redis-server"
 python3 -c 'import matplotlib' 2>/dev/null || missing="$missing python3-matplotlib"
+# The gRPC C++ peer (make deps already brings grpc-go and its protobuf runtime).
+pkg-config --exists grpc++ 2>/dev/null || missing="$missing libgrpc++-dev"
+command -v g++ >/dev/null || missing="$missing g++"
 if [ -n "$missing" ]; then
   echo "run.sh: installing$missing"
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
@@ -52,13 +56,20 @@ swift build -c release --package-path benchmarks --product GRPCPeer
 ENT=.build/release/entitlements
 LOAD=benchmarks/.build/release/LoadGen
 GRPC=benchmarks/.build/release/GRPCPeer
+WORK=$(mktemp -d)
+# The Go and C++ peers, from Debian's packages (GOPATH mode: Debian's grpc-go is not a module).
+mkdir -p "$WORK/go/src/grpcgopeer"
+cp benchmarks/peers/grpc-go/main.go "$WORK/go/src/grpcgopeer/"
+GO111MODULE=off GOPATH="$WORK/go:/usr/share/gocode" GOCACHE="$WORK/go/cache" go build -o "$WORK/grpc-go-peer" grpcgopeer
+g++ -O2 -std=c++17 benchmarks/peers/grpc-cpp/peer.cc -o "$WORK/grpc-cpp-peer" $(pkg-config --cflags --libs grpc++)
 
 # 3. Data: the same customers for every system; a large set for the cold profile.
-WORK=$(mktemp -d)
 # Only this harness's files: fleet.sh keeps its results in a folder of the same date.
 mkdir -p "$OUT"; find "$OUT" -maxdepth 1 -type f -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
+# The answers the gRPC peers serve: the bytes Redis holds (LoadGen export-answers).
+$LOAD export-answers --snapshot "$WORK/data.snap" --output "$WORK/answers.bin" >/dev/null
 # A CA and a server certificate for 127.0.0.1 (ECDSA P-256), and a token, for the TLS rows.
 dev/make-test-certificates.sh "$WORK"
 TOKEN=$(openssl rand -hex 32); echo "$TOKEN check" > "$WORK/tokens"
@@ -138,15 +149,26 @@ for ROUND in $(seq 1 $RUNS); do
   load framed_tls p3 --target entitlements --port $PORT --tls-ca "$WORK/ca.pem" --token "$TOKEN" --customers $CUSTOMERS --connections 50 --in-flight 16
   stop
 
-  # 7. The gRPC peer: the same resolvers and cache behind grpc-swift-2 (HTTP/2).
+  # 7. The gRPC peers: grpc-go (one OS thread for Go code: GOMAXPROCS=1) and gRPC C++
+  # answering the stored bytes; grpc-swift-2 in front of our resolvers and cache.
+  GOMAXPROCS=1 $SERVER_CPU "$WORK/grpc-go-peer" -answers "$WORK/answers.bin" -addr 127.0.0.1:$GO_PORT > "$WORK/grpc-go.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/grpc-go.log" "listening on"
+  shared_profiles grpc_go --target grpc --port $GO_PORT
+  stop
+  $SERVER_CPU "$WORK/grpc-cpp-peer" "$WORK/answers.bin" 127.0.0.1:$CPP_PORT > "$WORK/grpc-cpp.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$WORK/grpc-cpp.log" "listening on"
+  shared_profiles grpc_cpp --target grpc --port $CPP_PORT
+  stop
   $SERVER_CPU $GRPC --snapshot "$WORK/data.snap" --port $GRPC_PORT $GRPC_THREADS > "$WORK/grpc.log" 2>&1 &
   PIDS+=($!)
   wait_for "$WORK/grpc.log" "listening on"
-  shared_profiles grpc --target grpc --port $GRPC_PORT
+  shared_profiles grpc_swift --target grpc --port $GRPC_PORT
   stop
 
   # 7b. Our own gRPC door (docs/doors.md, swift-nio-http2) on the same snapshot, driven by
-  # the same gRPC client as the peer: the same methods behind HTTP/2 instead of frames.
+  # the same gRPC client as the peers: the same methods behind HTTP/2 instead of frames.
   $SERVER_CPU $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --grpc-listen 127.0.0.1:$DOOR_PORT $THREADS > "$WORK/serve-door.log" 2>&1 &
   PIDS+=($!)
   wait_for "$WORK/serve-door.log" "grpc listening on"

@@ -6,6 +6,7 @@
 //               [--batch B] [--json FILE] [--distribution FILE] [--label TEXT] [--server-pid PID]
 //               [--tls-ca CA.pem [--tls-server-name NAME]] [--token TOKEN]
 //   LoadGen load-redis --port P --snapshot FILE [--at UNIX_MS]
+//   LoadGen export-answers --snapshot FILE --output FILE [--at UNIX_MS]
 //
 // Closed loop (default): each of C connections keeps D requests in flight. Open loop
 // (--rate R requests/s over all connections): requests are sent on a fixed schedule
@@ -15,7 +16,11 @@
 // approximation, exponent --zipf-s). With --batch B, each request asks about B customers:
 // a BatchCheckEntitlements of B users, or a Redis MGET of B keys; "requests" are then
 // batches, and the JSON adds usersPerSecond. Latencies go to an HdrHistogram (1 µs to 60 s, 3
-// significant digits).
+// significant digits). --target grpc speaks gRPC on raw HTTP/2 frames (H2Client.swift).
+//
+// load-redis SETs each customer's answer (the bytes `serve` sends for it) in Redis;
+// export-answers writes the same answers to a file for the gRPC peers in peers/ (records
+// of a 4-byte big-endian key length, the key, a 4-byte value length, the value).
 import EntitlementsMessages
 import EntitlementsResolver
 import EntitlementsStore
@@ -98,27 +103,59 @@ let options = settings.options
 func option(_ name: String, _ fallback: String) -> String { Settings.current.text(name, fallback) }
 func number(_ name: String, _ fallback: Double) -> Double { Settings.current.number(name, fallback) }
 
-// MARK: load-redis
+// MARK: load-redis, export-answers
 
-if command == "load-redis" {
-    let port = Int(number("port", 6379))
+/// Each customer of the snapshot with the bytes `serve` answers it for the default request
+/// shape at `at`: what every peer serves.
+func forEachAnswer(snapshot path: String, at: Int64, _ body: (String, ByteBuffer) throws -> Void) throws {
+    let reader = try SnapshotReader(path: path)
+    let resolver = EntitlementResolver(catalog: reader.catalog)
+    try reader.forEachRecord { record, _ in
+        guard let id = record.id else { return }
+        let answer = try CachedAnswer(resolver.resolve(record, at: at), resolvedAt: at)
+        var value = ByteBuffer()
+        answer.writeResponse(userId: id, customerId: id, requestDate: at, into: &value)
+        try body(id, value)
+    }
+}
+
+if command == "load-redis" || command == "export-answers" {
     guard let path = options["snapshot"] else {
-        print("error: load-redis needs --snapshot FILE")
+        print("error: \(command) needs --snapshot FILE")
         exit(2)
     }
     let at = Int64(number("at", Double(Int64(Date().timeIntervalSince1970 * 1000))))
-    let reader = try SnapshotReader(path: path)
-    let resolver = EntitlementResolver(catalog: reader.catalog)
+    if command == "export-answers" {
+        guard let output = options["output"], FileManager.default.createFile(atPath: output, contents: nil),
+            let file = FileHandle(forWritingAtPath: output)
+        else {
+            print("error: export-answers needs --output FILE, writable")
+            exit(2)
+        }
+        var chunk = ByteBuffer()
+        var count = 0
+        try forEachAnswer(snapshot: path, at: at) { id, value in
+            chunk.writeInteger(UInt32(id.utf8.count))
+            chunk.writeString(id)
+            chunk.writeInteger(UInt32(value.readableBytes))
+            chunk.writeImmutableBuffer(value)
+            count += 1
+            if chunk.readableBytes > 1 << 20 {
+                file.write(Data(chunk.readableBytesView))
+                chunk.clear()
+            }
+        }
+        file.write(Data(chunk.readableBytesView))
+        try file.close()
+        print("exported \(count) answers to \(output)")
+        exit(0)
+    }
+    let port = Int(number("port", 6379))
     let socket = try BlockingSocket(host: "127.0.0.1", port: port)
     var batch = ByteBuffer()
     var pending = 0
     var loaded = 0
-    try reader.forEachRecord { record, _ in
-        guard let id = record.id else { return }
-        // The same bytes `serve` answers for the default request shape.
-        let answer = try CachedAnswer(resolver.resolve(record, at: at), resolvedAt: at)
-        var value = ByteBuffer()
-        answer.writeResponse(userId: id, customerId: id, requestDate: at, into: &value)
+    try forEachAnswer(snapshot: path, at: at) { id, value in
         batch.writeString("*3\r\n$3\r\nSET\r\n$\(id.utf8.count)\r\n\(id)\r\n$\(value.readableBytes)\r\n")
         batch.writeImmutableBuffer(value)
         batch.writeString("\r\n")
@@ -138,7 +175,7 @@ if command == "load-redis" {
 }
 
 guard command == "run" else {
-    print("error: unknown command \(command); use run or load-redis")
+    print("error: unknown command \(command); use run, load-redis or export-answers")
     exit(2)
 }
 
@@ -158,8 +195,8 @@ if settings.batch < 1 || (settings.batch > 1 && (target == .grpc || writePercent
     print("error: --batch is 1 or more, for --target entitlements or redis, without --write-percent")
     exit(2)
 }
-if target == .grpc, unixPath != nil {
-    print("error: --unix is for --target entitlements")
+if target == .grpc, unixPath != nil || options["tls-ca"] != nil || options["token"] != nil {
+    print("error: --unix, --tls-ca and --token are for --target entitlements")
     exit(2)
 }
 
@@ -301,14 +338,25 @@ final class LoadHandler: ChannelInboundHandler {
     private let done: EventLoopPromise<Void>
     private let interval: TimeAmount?
     private var nextScheduled: NIODeadline
+    /// `--target grpc`: the HTTP/2 connection's state; request ids are stream ids.
+    private var h2: H2Client?
+    private var finishedStreams: [(UInt32, Bool)] = []
 
     init(done: EventLoopPromise<Void>, interval: TimeAmount?) {
         self.done = done
         self.interval = interval
         self.nextScheduled = NIODeadline.now()
+        if Load.target == .grpc {
+            self.h2 = H2Client(authority: "\(Settings.current.host):\(Settings.current.port)")
+        }
     }
 
     func channelActive(context: ChannelHandlerContext) {
+        if let h2 = self.h2 {
+            var out = context.channel.allocator.buffer(capacity: 64)
+            h2.preface(into: &out)
+            context.write(self.wrapOutboundOut(out), promise: nil)
+        }
         if let token = Settings.current.options["token"] {
             // Authenticate first (docs/PROTOCOL.md): its answer has no send time, so it is
             // not measured; the checks pipelined after it have its permissions.
@@ -365,7 +413,12 @@ final class LoadHandler: ChannelInboundHandler {
             out.writeString("*2\r\n$3\r\nGET\r\n$\(key.utf8.count)\r\n\(key)\r\n")
             self.fifo.append(stamp)
         case .grpc:
-            preconditionFailure("--target grpc runs GRPCLoad")
+            guard self.h2!.canSend else {
+                print("error: the gRPC server's connection window is exhausted (no WINDOW_UPDATE): the run is not valid")
+                exit(1)
+            }
+            let stream = self.h2!.request(user: "user-\(customer)", into: &out)
+            self.sentAt[UInt64(stream)] = stamp
         case .entitlements:
             let id = self.nextID
             self.nextID += 1
@@ -399,7 +452,19 @@ final class LoadHandler: ChannelInboundHandler {
         do {
             switch Load.target {
             case .grpc:
-                break
+                var reply = context.channel.allocator.buffer(capacity: 0)
+                var finished = self.finishedStreams
+                self.finishedStreams = []
+                try self.h2!.read(&self.buffer, reply: &reply) { finished.append(($0, $1)) }
+                if reply.readableBytes > 0 {
+                    context.write(self.wrapOutboundOut(reply), promise: nil)
+                }
+                for (stream, ok) in finished {
+                    guard let stamp = self.sentAt.removeValue(forKey: UInt64(stream)) else { continue }
+                    self.answered(context: context, stamp: stamp, ok: ok)
+                }
+                finished.removeAll(keepingCapacity: true)
+                self.finishedStreams = finished
             case .entitlements:
                 while let frame = try self.decoder.decode(buffer: &self.buffer) {
                     guard let stamp = self.sentAt.removeValue(forKey: frame.requestID) else { continue }
@@ -511,9 +576,6 @@ final class LoadHandler: ChannelInboundHandler {
 let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
 let perConnectionInterval = rate.map { TimeAmount.nanoseconds(Int64(1e9 * Double(connections) / $0)) }
 var futures: [EventLoopFuture<Void>] = []
-if target == .grpc {
-    GRPCLoad.run(group: group)
-}
 // --tls-ca: the framed connections speak TLS (the server's --tls-cert), trusting that CA.
 let tlsContext: NIOSSLContext? = try options["tls-ca"].map { path in
     var tls = TLSConfiguration.makeClientConfiguration()
@@ -521,7 +583,7 @@ let tlsContext: NIOSSLContext? = try options["tls-ca"].map { path in
     return try NIOSSLContext(configuration: tls)
 }
 let tlsServerName = options["tls-server-name"]
-for _ in 0..<(target == .grpc ? 0 : connections) {
+for _ in 0..<connections {
     let loop = group.next()
     let done = loop.makePromise(of: Void.self)
     futures.append(done.futureResult)

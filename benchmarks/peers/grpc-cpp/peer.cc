@@ -10,6 +10,9 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -129,6 +132,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "grpc-cpp peer: cannot read %s\n", argv[1]);
     return 2;
   }
+  // run.sh stops servers with SIGINT, which a script's background job starts with ignored.
+  std::signal(SIGINT, [](int) { _exit(0); });
+  std::signal(SIGTERM, [](int) { _exit(0); });
   Service service;
   grpc::ServerBuilder builder;
   int port = 0;

@@ -19,6 +19,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -128,6 +130,14 @@ func main() {
 		fmt.Fprintf(os.Stderr, "grpc-go peer: %v\n", err)
 		os.Exit(2)
 	}
+	// run.sh stops servers with SIGINT; a background job of a script starts with SIGINT
+	// ignored, which Go keeps unless asked for it.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-stop
+		os.Exit(0)
+	}()
 	server := grpc.NewServer(grpc.CustomCodec(raw{}))
 	server.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "entitlements.v1.EntitlementService",

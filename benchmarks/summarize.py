@@ -284,7 +284,7 @@ for axis, profile in zip(axes, ["p2", "p4"]):
         run = median(system, profile)
         if run and os.path.exists(run["path"] + ".hgrm"):
             points = distribution(run["path"] + ".hgrm")
-            axis.plot([p[0] for p in points], [p[1] for p in points], style, label=system)
+            axis.plot([p[0] for p in points], [p[1] for p in points], linestyle=style, label=system)
     axis.set_xscale("log")
     axis.set_yscale("log")
     axis.set_xticks([2, 10, 100, 1000, 10000])

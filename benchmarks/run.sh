@@ -64,8 +64,11 @@ GO111MODULE=off GOPATH="$WORK/go:/usr/share/gocode" GOCACHE="$WORK/go/cache" go 
 g++ -O2 -std=c++17 benchmarks/peers/grpc-cpp/peer.cc -o "$WORK/grpc-cpp-peer" $(pkg-config --cflags --libs grpc++)
 
 # 3. Data: the same customers for every system; a large set for the cold profile.
-# Only this harness's files: fleet.sh keeps its results in a folder of the same date.
-mkdir -p "$OUT"; find "$OUT" -maxdepth 1 -type f -delete
+# Only this harness's files: fleet.sh and security.sh keep theirs in folders of the same
+# date, door-h2load.sh its door-h2load.txt beside them.
+mkdir -p "$OUT"
+find "$OUT" -maxdepth 1 -type f \( -name '*-run*.json' -o -name '*-run*.hgrm' -o -name '*-rss-kib.txt' \
+  -o -name summary.md -o -name latency.png -o -name redis-benchmark-get.csv \) -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
 # The answers the gRPC peers serve: the bytes Redis holds (LoadGen export-answers).

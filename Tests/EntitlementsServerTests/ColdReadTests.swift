@@ -176,9 +176,10 @@ struct ColdReadTests {
         let connection = try RawConnection(port: fixture.port)
         connection.send([Self.cold(1, "user-40"), Self.hot(2, "user-41")])
         // Opened only once the read has started, so that both are in the server.
-        while disk.reads(of: "user-40") == 0 {
+        for _ in 0..<30_000 where disk.reads(of: "user-40") == 0 {
             try await Task.sleep(for: .milliseconds(1))
         }
+        try #require(disk.reads(of: "user-40") == 1, "the miss was never read")
         disk.open()
         #expect(try await offThePool { try connection.receive() }?.requestID == 1)
         #expect(try await offThePool { try connection.receive() }?.requestID == 2)

@@ -59,9 +59,6 @@ final class ColdReads: Sendable {
         }
     }
 
-    /// Whether reads run on the resolver's own loop.
-    var isInline: Bool { self.threads == nil }
-
     struct Statistics: Sendable {
         var queued: Int
         var started: Int

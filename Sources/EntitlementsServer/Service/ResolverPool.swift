@@ -214,7 +214,6 @@ final class ResolverCore {
         }
     }
 
-
     /// Forgets what a write changed, before the write is acknowledged: the cached answers
     /// of `customerIds` (those this resolver owns) and the learnt `aliases`. Cold reads under
     /// way are not joined any more, nor cached when they finish: they may have read the

@@ -24,6 +24,7 @@ let package = Package(
         .library(name: "EntitlementsFleet", targets: ["EntitlementsFleet"]),
         .library(name: "EntitlementsDoors", targets: ["EntitlementsDoors"]),
         .library(name: "EntitlementsSecurity", targets: ["EntitlementsSecurity"]),
+        .library(name: "EntitlementsIngestion", targets: ["EntitlementsIngestion"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -37,6 +38,8 @@ let package = Package(
         .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
         .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        // Already in the graph through postgres-nio: HMAC-SHA256 for Stripe's signatures.
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
     ],
     targets: [
         // MARK: C: libprotobuf-c, the protoc-c output, and the arena shim.
@@ -180,6 +183,24 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Purchases straight from the stores (docs/ingestion.md): signed webhooks verified,
+        // mapped to the write calls, applied through the server's service layer.
+        .target(
+            name: "EntitlementsIngestion",
+            dependencies: [
+                "EntitlementsFormats",
+                "EntitlementsMessages",
+                "EntitlementsSecurity",
+                "EntitlementsServer",
+                "EntitlementsStore",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The operations behind `entitlements snapshot ...`, and synthetic data.
         .target(
             name: "EntitlementsTools",
@@ -205,6 +226,7 @@ let package = Package(
                 "EntitlementsFleet",
                 "EntitlementsDoors",
                 "EntitlementsSecurity",
+                "EntitlementsIngestion",
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -304,6 +326,20 @@ let package = Package(
                 "EntitlementsServer",
                 "EntitlementsStore",
                 "EntitlementsTools",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsIngestionTests",
+            dependencies: [
+                "EntitlementsIngestion",
+                "EntitlementsMessages",
+                "EntitlementsServer",
+                "EntitlementsStore",
+                "EntitlementsTools",
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

@@ -198,12 +198,12 @@ struct FileSignature: Hashable, Sendable {
 }
 
 /// A file read failed; says why as `strerror` does.
-struct FileReadError: Error, CustomStringConvertible {
-    var description: String
+public struct FileReadError: Error, CustomStringConvertible {
+    public var description: String
 }
 
 /// The bytes of the file at `path` (at most 1 MiB: these are small files of secrets).
-func readWholeFile(_ path: String) throws -> [UInt8] {
+public func readWholeFile(_ path: String) throws -> [UInt8] {
     let fd = open(path, O_RDONLY | O_CLOEXEC)
     guard fd >= 0 else {
         throw FileReadError(description: "cannot open it (\(String(cString: strerror(errno))))")
@@ -222,7 +222,7 @@ func readWholeFile(_ path: String) throws -> [UInt8] {
         }
         bytes += chunk[0..<count]
         guard bytes.count <= 1 << 20 else {
-            throw FileReadError(description: "larger than 1 MiB; not a file of tokens or certificates")
+            throw FileReadError(description: "larger than 1 MiB; not a file of tokens, secrets or certificates")
         }
     }
 }

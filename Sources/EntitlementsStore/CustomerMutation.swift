@@ -213,11 +213,22 @@ public struct CustomerMutation {
 
         var (record, created) = try self.recordOrNew(userId)
         let customerId = record.id!
+        let index = record.transactions.firstIndex(where: { $0.store == transaction.store && $0.transactionId == transactionId })
+        if let index, request.keepRevocation == true {
+            // A writer that does not know of refunds never undoes one (keep_revocation).
+            transaction.revocationDate = record.transactions[index].revocationDate
+        }
+        let chainState = record.subscriptions.first { $0.store == transaction.store && $0.originalTransactionId == transaction.originalTransactionId }
+        if let ended = chainState?.endedDate, Self.runs(transaction, past: ended) {
+            // The store ended the chain (ended_date): a period recorded after the end gives
+            // nothing past it, as if the end had come second.
+            transaction.revocationDate = ended
+        }
         var logged = request
         logged.userId = customerId
         logged.transaction = transaction
         var effect = WriteEffect(customerId: customerId, created: created, logged: .recordTransaction(logged))
-        if let index = record.transactions.firstIndex(where: { $0.store == transaction.store && $0.transactionId == transactionId }) {
+        if let index {
             let known = record.transactions[index]
             if known == transaction {
                 return effect  // the same transaction again: nothing to do
@@ -241,20 +252,54 @@ public struct CustomerMutation {
 
     private func updateSubscriptionState(_ request: UpdateSubscriptionStateRequest) throws -> WriteEffect {
         let userId = try Self.id(request.userId, "user_id")
-        guard let state = request.state else {
+        guard var state = request.state else {
             throw WriteRefusal(.invalidArgument, "state: required")
         }
         try self.checkStore(state.store, "state.store")
         let chain = try Self.id(state.originalTransactionId, "state.original_transaction_id")
         var (record, created) = try self.recordOrNew(userId)
         let customerId = record.id!
+        let store = state.store
+        let matching: (SubscriptionState) -> Bool = { $0.store == store && $0.originalTransactionId == chain }
+        let stored = record.subscriptions.first(where: matching)
+        // An ended chain stays ended: a later state that does not say so keeps the end.
+        if state.endedDate == nil {
+            state.endedDate = stored?.endedDate
+        }
         var logged = request
         logged.userId = customerId
+        logged.state = state
         var effect = WriteEffect(customerId: customerId, created: created, logged: .updateSubscriptionState(logged))
-        if Self.upsert(state, into: &record.subscriptions, matching: { $0.store == state.store && $0.originalTransactionId == chain }) {
+        if let incoming = state.eventDate, let storedDate = stored?.eventDate, incoming < storedDate {
+            return effect  // an older event delivered late: the newer state stays
+        }
+        var changed = Self.upsert(state, into: &record.subscriptions, matching: matching)
+        if let ended = state.endedDate {
+            // Every transaction of the chain still running at the end is revoked there.
+            for index in record.transactions.indices
+            where record.transactions[index].store == store && record.transactions[index].originalTransactionId == chain
+                && Self.runs(record.transactions[index], past: ended)
+            {
+                record.transactions[index].revocationDate = ended
+                changed = true
+            }
+        }
+        if changed {
             effect.records[customerId] = record
         }
         return effect
+    }
+
+    /// Whether `transaction` still gives access after `date`: bought before it, expiring
+    /// after it, and not revoked by then.
+    static func runs(_ transaction: Transaction, past date: Int64) -> Bool {
+        guard let start = transaction.transactionDate, start < date else {
+            return false
+        }
+        if let revoked = transaction.revocationDate, revoked <= date {
+            return false
+        }
+        return transaction.expirationDate.map { $0 > date } ?? true
     }
 
     private func grantEntitlement(_ request: GrantEntitlementRequest, now: Int64) throws -> WriteEffect {

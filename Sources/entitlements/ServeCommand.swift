@@ -87,6 +87,12 @@ struct ServeCommand: AsyncParsableCommand {
     var admin: String?
     @Option(help: "The gRPC and HTTP/JSON door HOST:PORT (docs/doors.md): entitlements.v1.EntitlementService and grpc.health.v1.Health over gRPC, and JSON calls over HTTP/1.1 or HTTP/2; off by default.")
     var grpcListen: String?
+    @Option(help: "The store webhooks' HTTP HOST:PORT (docs/ingestion.md): POST /webhooks/stripe; off by default. Needs --data-dir and a store's secret.")
+    var webhooksListen: String?
+    @Option(help: "Stripe's endpoint signing secrets, one a line (whsec_...; several while one is rolled). Turns on POST /webhooks/stripe.")
+    var stripeWebhookSecretFile: String?
+    @Option(help: "The metadata key naming the user id on a Stripe subscription or customer (default user_id).")
+    var stripeCustomerKey: String?
     @Option(help: "trace, debug, info (default), notice, warning, error or critical.")
     var logLevel: String?
     @Option(help: "How long a check with min_log_sequence waits for this server to apply it (default 100ms).")
@@ -148,7 +154,8 @@ struct ServeCommand: AsyncParsableCommand {
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
-            ("admin", self.admin), ("grpc-listen", self.grpcListen), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
+            ("admin", self.admin), ("grpc-listen", self.grpcListen), ("webhooks-listen", self.webhooksListen),
+            ("stripe-webhook-secret-file", self.stripeWebhookSecretFile), ("stripe-customer-key", self.stripeCustomerKey), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
             ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy), ("fleet-read-url", self.fleetReadUrl),
             ("auth-token-file", self.authTokenFile), ("listen-permissions", self.listenPermissions), ("listen-anonymous", self.listenAnonymous),
@@ -256,7 +263,8 @@ struct ServeCommand: AsyncParsableCommand {
                 group: MultiThreadedEventLoopGroup(numberOfThreads: threads),
                 metrics: metrics,
                 logger: logger,
-                doors: try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1, security: security.grpc)] } ?? []
+                doors: (try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1, security: security.grpc)] } ?? [])
+                    + (try settings.webhooks(factory: factory).map { [$0] } ?? [])
             ) { message in
                 logger.notice("\(message)")
             }
@@ -264,6 +272,7 @@ struct ServeCommand: AsyncParsableCommand {
             let places = [
                 configuration.tcp.map { "\($0.host):\($0.port)" }, configuration.unixSocketPath.map { "unix:\($0)" },
                 (try? settings.address("grpc-listen")).flatMap { $0 }.map { "--grpc-listen \($0.0):\($0.1)" },
+                (try? settings.address("webhooks-listen")).flatMap { $0 }.map { "--webhooks-listen \($0.0):\($0.1)" },
             ]
                 .compactMap { $0 }.joined(separator: " and ")
             Self.say("error: cannot listen on \(places): \(error)")
@@ -281,6 +290,9 @@ struct ServeCommand: AsyncParsableCommand {
         }
         if let address = server.doorAddresses["grpc"] {
             Self.say("grpc listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
+        }
+        if let address = server.doorAddresses["webhooks"] {
+            Self.say("webhooks listening on \(address.ipAddress ?? "?"):\(address.port ?? 0) (POST /webhooks/stripe)")
         }
         Self.describe(security, configuration, door: server.doorAddresses["grpc"] != nil)
         readiness.set(.ready)

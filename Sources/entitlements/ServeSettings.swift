@@ -1,10 +1,12 @@
 import ArgumentParser
 import EntitlementsFleet
+import EntitlementsIngestion
 import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsStore
 import Foundation
 import Logging
+import Metrics
 import NIOCore
 import NIOPosix
 
@@ -57,6 +59,9 @@ struct ServeSettings {
         Key(name: "drain-timeout", defaultValue: "30s", help: "on SIGTERM/SIGINT, time to finish accepted calls before cancelling"),
         Key(name: "admin", defaultValue: nil, help: "admin HTTP listener HOST:PORT for /healthz, /readyz, /metrics; off by default"),
         Key(name: "grpc-listen", defaultValue: nil, help: "the gRPC and HTTP/JSON door HOST:PORT (docs/doors.md); off by default"),
+        Key(name: "webhooks-listen", defaultValue: nil, help: "the store webhooks' HTTP HOST:PORT (docs/ingestion.md); off by default"),
+        Key(name: "stripe-webhook-secret-file", defaultValue: nil, help: "Stripe's endpoint signing secrets, one a line; turns on POST /webhooks/stripe"),
+        Key(name: "stripe-customer-key", defaultValue: "user_id", help: "the metadata key naming the user id on Stripe subscriptions and customers"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
         Key(name: "min-sequence-wait", defaultValue: "100ms", help: "how long a check with min_log_sequence waits for this server to apply it"),
         Key(name: "postgres", defaultValue: nil, help: "fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md)", variable: "ENTITLEMENTS_POSTGRES_URL"),
@@ -423,6 +428,7 @@ struct ServeSettings {
         _ = try self.duration("drain-timeout")
         _ = try self.address("admin")
         _ = try self.address("grpc-listen")
+        _ = try self.webhooks()
         _ = try self.logLevel()
         _ = try self.integer("threads", in: 1...1_024)
         let security = try given ?? self.listenerSecurity()
@@ -474,5 +480,45 @@ struct ServeSettings {
             }
             return "\(key.name) = \(text)  # \(value?.source ?? "default")"
         }.joined(separator: "\n")
+    }
+}
+
+extension ServeSettings {
+    /// --stripe-webhook-secret-file and --stripe-customer-key; nil when Stripe's webhook is off.
+    func stripeWebhooks() throws -> StripeWebhookSettings? {
+        guard let path = self.text("stripe-webhook-secret-file") else {
+            return nil
+        }
+        let secrets: [String]
+        do {
+            secrets = try StripeSecretsFile.load(path: path)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        let key = self.text("stripe-customer-key") ?? "user_id"
+        guard !key.isEmpty, key.utf8.count <= 40, !key.contains(where: \.isWhitespace) else {
+            throw ValidationError("\(self.origin("stripe-customer-key")) must be a Stripe metadata key: 1 to 40 characters, no spaces; got \"\(key)\"")
+        }
+        return StripeWebhookSettings(secrets: secrets, customerKey: key)
+    }
+
+    /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its
+    /// counters go to `factory` (the server's Prometheus registry).
+    func webhooks(factory: (any MetricsFactory)? = nil) throws -> ServerDoor? {
+        let address = try self.address("webhooks-listen")
+        let stripe = try self.stripeWebhooks()
+        guard let address else {
+            if stripe != nil {
+                throw ValidationError("--stripe-webhook-secret-file needs --webhooks-listen HOST:PORT to receive Stripe's events on")
+            }
+            return nil
+        }
+        guard stripe != nil else {
+            throw ValidationError("--webhooks-listen needs a store to take events from: --stripe-webhook-secret-file FILE")
+        }
+        guard self.dataDirectory != nil else {
+            throw ValidationError("--webhooks-listen needs --data-dir (and, in fleet mode, --postgres): the events are writes")
+        }
+        return WebhookListener.door(host: address.host, port: address.port, ingestion: WebhookIngestion(stripe: stripe, factory: factory ?? MetricsSystem.factory))
     }
 }

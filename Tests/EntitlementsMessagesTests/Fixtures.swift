@@ -24,7 +24,9 @@ enum Fixtures {
         autoRenewDisabledDate: 1_767_000_000_000,
         billingIssueDetectedDate: 1_767_100_000_000,
         gracePeriodExpirationDate: 1_767_200_000_000,
-        isInBillingRetry: true
+        isInBillingRetry: true,
+        eventDate: 1_767_300_000_000,
+        endedDate: 1_767_400_000_000
     )
 
     static let grant = Grant(
@@ -86,7 +88,7 @@ enum Fixtures {
         after: EntitlementState(isActive: false, renewState: .canceled)
     )
 
-    static let recordTransaction = RecordTransactionRequest(userId: "user-1", transaction: transaction)
+    static let recordTransaction = RecordTransactionRequest(userId: "user-1", transaction: transaction, keepRevocation: true)
     static let updateSubscriptionState = UpdateSubscriptionStateRequest(userId: "user-1", state: subscriptionState)
     static let grantEntitlement = GrantEntitlementRequest(userId: "user-1", grant: grant)
     static let revokeGrant = RevokeGrantRequest(userId: "user-1", grantId: "grant-7", revokedDate: 1_780_000_000_000)

@@ -196,6 +196,10 @@ struct CommandLineTests {
         (["serve", "--snapshot", "x", "--admin-anonymous", "none"], "--admin-anonymous none needs --auth-token-file (or --tls-client-ca): else nobody could read /metrics"),
         (["check", "--user", "u", "--tls-cert", "c.pem", "--tls-key", "k.pem"], "--tls-cert needs --tls-ca: a client certificate is presented over TLS"),
         (["check", "--user", "u", "--unix", "/s", "--tls-ca", "ca.pem"], "--tls-ca is for TCP (--server); a Unix socket is never TLS"),
+        (["serve", "--data-dir", "d", "--webhooks-listen", "127.0.0.1:7430"], "--webhooks-listen needs a store to take events from: --stripe-webhook-secret-file FILE"),
+        (["serve", "--data-dir", "d", "--stripe-webhook-secret-file", "/nonexistent/secrets"], "--stripe-webhook-secret-file /nonexistent/secrets: cannot open it (No such file or directory)"),
+        (["serve", "--snapshot", "x", "--webhooks-listen", "127.0.0.1:7430", "--stripe-webhook-secret-file", "/dev/null"], "--stripe-webhook-secret-file /dev/null: no secret in it"),
+        (["serve", "--data-dir", "d", "--webhooks-listen", "hook", "--stripe-webhook-secret-file", "/dev/null"], "--webhooks-listen \"hook\" is not HOST:PORT"),
     ])
     func badFlags(arguments: [String], message: String) throws {
         let output = try Self.run(arguments)

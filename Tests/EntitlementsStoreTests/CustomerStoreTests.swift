@@ -90,6 +90,64 @@ struct CustomerMutationTests {
         #expect(try world.apply(WriteWorld.purchase("anon-a", "t2")).customerId == "alice")
     }
 
+    @Test("keep_revocation: a stored refund stays whatever the request says; a new transaction is recorded as given")
+    func keepRevocation() throws {
+        var world = World()
+        guard case .recordTransaction(var request) = WriteWorld.purchase("alice", "t1") else {
+            return
+        }
+        request.keepRevocation = true
+        #expect(try world.apply(.recordTransaction(request)).changed)
+        _ = try world.apply(WriteWorld.purchase("alice", "t1", revoked: now))
+        let again = try world.apply(.recordTransaction(request))  // the payment delivered again
+        #expect(!again.changed)
+        #expect(world.customers["alice"]?.transactions.first?.revocationDate == now)
+        guard case .recordTransaction(let logged) = again.logged else {
+            return
+        }
+        #expect(logged.transaction?.revocationDate == now, "logged as applied, so replay gives the same")
+    }
+
+    @Test("event_date: an older state changes nothing; a newer or undated one replaces it")
+    func stateOrder() throws {
+        var world = World()
+        func state(renews: Bool, at date: Int64?) -> LogRecord.Mutation {
+            .updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "alice", state: SubscriptionState(
+                store: .stripe, originalTransactionId: "sub_1", autoRenewEnabled: renews, eventDate: date
+            )))
+        }
+        #expect(try world.apply(state(renews: false, at: 200)).changed)
+        #expect(try !world.apply(state(renews: true, at: 100)).changed)
+        #expect(world.customers["alice"]?.subscriptions.first?.autoRenewEnabled == false)
+        #expect(try world.apply(state(renews: true, at: 300)).changed)
+        #expect(try world.apply(state(renews: false, at: nil)).changed)
+        #expect(world.customers["alice"]?.subscriptions.first?.autoRenewEnabled == false)
+    }
+
+    @Test("ended_date: running transactions of the chain are revoked at the end, those recorded later too, and the end stays")
+    func chainEnd() throws {
+        var world = World()
+        func period(_ id: String, from start: Int64) -> LogRecord.Mutation {
+            .recordTransaction(RecordTransactionRequest(userId: "bob", transaction: Transaction(
+                originalTransactionId: "sub_9", transactionId: id, store: .stripe, productId: "monthly",
+                transactionDate: start, expirationDate: start + 30 * day, type: .subscriptionStarted
+            ), keepRevocation: true))
+        }
+        func state(ended: Int64?, at date: Int64) -> LogRecord.Mutation {
+            var state = SubscriptionState(store: .stripe, originalTransactionId: "sub_9", eventDate: date)
+            state.endedDate = ended
+            return .updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "bob", state: state))
+        }
+        _ = try world.apply(period("in_1", from: now - 40 * day))  // over before the end
+        _ = try world.apply(period("in_2", from: now - 10 * day))
+        #expect(try world.apply(state(ended: now, at: now)).changed)
+        #expect(world.customers["bob"]?.transactions.map(\.revocationDate) == [nil, now])
+        _ = try world.apply(period("in_3", from: now - day))  // paid before the end, delivered after it
+        #expect(world.customers["bob"]?.transactions.last?.revocationDate == now)
+        #expect(try world.apply(state(ended: nil, at: now + 1)).changed)  // a later state that does not say so
+        #expect(world.customers["bob"]?.subscriptions.first?.endedDate == now)
+    }
+
     @Test("a known transaction with other values than its revocation date is refused, naming them")
     func changedTransactionRefused() throws {
         var world = World()

@@ -100,6 +100,8 @@ extension SubscriptionState: ProtoJSONDecodable {
         self.billingIssueDetectedDate = try object.int64("billingIssueDetectedDate", "billing_issue_detected_date")
         self.gracePeriodExpirationDate = try object.int64("gracePeriodExpirationDate", "grace_period_expiration_date")
         self.isInBillingRetry = try object.bool("isInBillingRetry", "is_in_billing_retry")
+        self.eventDate = try object.int64("eventDate", "event_date")
+        self.endedDate = try object.int64("endedDate", "ended_date")
         try object.finish()
     }
 }
@@ -269,6 +271,7 @@ extension RecordTransactionRequest: ProtoJSONDecodable {
         self.init()
         self.userId = try object.string("userId", "user_id")
         self.transaction = try object.message("transaction", "transaction", as: Transaction.self)
+        self.keepRevocation = try object.bool("keepRevocation", "keep_revocation")
         try object.finish()
     }
 }

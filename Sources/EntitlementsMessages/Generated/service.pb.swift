@@ -671,6 +671,10 @@ public struct RecordTransactionRequest: Sendable, Hashable {
     public var userId: String? = nil
     /// The `transaction` field.
     public var transaction: Transaction? = nil
+    /// When the transaction is already recorded, keep its stored revocation_date whatever
+    /// this one says: for a writer that does not know of refunds (a store's payment event
+    /// delivered again after the refund) and must not undo one.
+    public var keepRevocation: Bool = false
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -678,10 +682,12 @@ public struct RecordTransactionRequest: Sendable, Hashable {
     /// Creates a message; every field defaults to absent.
     public init(
         userId: String? = nil,
-        transaction: Transaction? = nil
+        transaction: Transaction? = nil,
+        keepRevocation: Bool = false
     ) {
         self.userId = userId
         self.transaction = transaction
+        self.keepRevocation = keepRevocation
     }
 }
 
@@ -719,6 +725,7 @@ extension RecordTransactionRequest: ProtobufCBacked {
     init(lifting c: CMessage) throws {
         self.userId = try liftString(c.user_id, field: "user_id")
         self.transaction = try liftMessage(c.transaction, as: Transaction.self, field: "transaction")
+        self.keepRevocation = c.has_keep_revocation != 0 && c.keep_revocation != 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -726,6 +733,7 @@ extension RecordTransactionRequest: ProtobufCBacked {
         entitlements__v1__record_transaction_request__init(c)
         c.pointee.user_id = try arena.lowerString(self.userId, field: "user_id")
         c.pointee.transaction = try arena.lowerMessage(self.transaction, field: "transaction")
+        c.pointee.has_keep_revocation = 1; c.pointee.keep_revocation = self.keepRevocation ? 1 : 0
         return c
     }
 }

@@ -234,6 +234,16 @@ public struct SubscriptionState: Sendable, Hashable {
     public var gracePeriodExpirationDate: Int64? = nil
     /// The `is_in_billing_retry` field.
     public var isInBillingRetry: Bool = false
+    /// The store's time of the event this state was read from (Stripe: the event's
+    /// `created`; App Store: the notification's `signedDate`). A state older than the stored
+    /// one (both dated) is ignored, so an event delivered late never rolls the state back.
+    /// Absent: the state replaces the stored one whatever its date.
+    public var eventDate: Int64? = nil
+    /// When the store ended the chain before its paid period did (Stripe: a subscription's
+    /// `ended_at`). Every transaction of the chain still running at this instant is revoked
+    /// at it, those recorded later included; a later state without it keeps it
+    /// (docs/ingestion.md, "Ends").
+    public var endedDate: Int64? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -246,7 +256,9 @@ public struct SubscriptionState: Sendable, Hashable {
         autoRenewDisabledDate: Int64? = nil,
         billingIssueDetectedDate: Int64? = nil,
         gracePeriodExpirationDate: Int64? = nil,
-        isInBillingRetry: Bool = false
+        isInBillingRetry: Bool = false,
+        eventDate: Int64? = nil,
+        endedDate: Int64? = nil
     ) {
         self.store = store
         self.originalTransactionId = originalTransactionId
@@ -255,6 +267,8 @@ public struct SubscriptionState: Sendable, Hashable {
         self.billingIssueDetectedDate = billingIssueDetectedDate
         self.gracePeriodExpirationDate = gracePeriodExpirationDate
         self.isInBillingRetry = isInBillingRetry
+        self.eventDate = eventDate
+        self.endedDate = endedDate
     }
 }
 
@@ -297,6 +311,8 @@ extension SubscriptionState: ProtobufCBacked {
         self.billingIssueDetectedDate = c.has_billing_issue_detected_date != 0 ? c.billing_issue_detected_date : nil
         self.gracePeriodExpirationDate = c.has_grace_period_expiration_date != 0 ? c.grace_period_expiration_date : nil
         self.isInBillingRetry = c.has_is_in_billing_retry != 0 && c.is_in_billing_retry != 0
+        self.eventDate = c.has_event_date != 0 ? c.event_date : nil
+        self.endedDate = c.has_ended_date != 0 ? c.ended_date : nil
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -309,6 +325,8 @@ extension SubscriptionState: ProtobufCBacked {
         if let value = self.billingIssueDetectedDate { c.pointee.has_billing_issue_detected_date = 1; c.pointee.billing_issue_detected_date = value }
         if let value = self.gracePeriodExpirationDate { c.pointee.has_grace_period_expiration_date = 1; c.pointee.grace_period_expiration_date = value }
         c.pointee.has_is_in_billing_retry = 1; c.pointee.is_in_billing_retry = self.isInBillingRetry ? 1 : 0
+        if let value = self.eventDate { c.pointee.has_event_date = 1; c.pointee.event_date = value }
+        if let value = self.endedDate { c.pointee.has_ended_date = 1; c.pointee.ended_date = value }
         return c
     }
 }

@@ -243,6 +243,27 @@ public final class EntitlementMethods: Sendable {
         return .later(promise.futureResult)
     }
 
+    /// The stored record of the customer `userId` (a customer id or an alias) names, or nil:
+    /// what a writer that must name a stored transaction reads first (the store ingestion's
+    /// refunds). Needs the write permission, as the writes it serves; may read the snapshot
+    /// from disk, so it is not for the check path. In fleet mode it is this server's replica.
+    /// Unlike the other methods, it may be called from any thread.
+    public func customerRecord(_ userId: String, _ context: CallContext) -> Result<CustomerRecord?, ServiceError> {
+        if let refused = self.authorize(.recordTransaction, context) {
+            return .failure(refused)
+        }
+        do {
+            return .success(try self.store.customer(for: userId))
+        } catch {
+            return .failure(Self.serviceError(error))
+        }
+    }
+
+    /// Whether `productId` is in the catalog the writes are checked against.
+    public func catalogContains(_ productId: String) -> Bool {
+        self.store.catalog.contains(productId)
+    }
+
     /// Compact: a new snapshot holding every acknowledged write.
     public func compact(_ context: CallContext) -> MethodResult<CompactResponse> {
         if let refused = self.authorize(.compact, context) {

@@ -1581,7 +1581,7 @@ const ProtobufCMessageDescriptor entitlements__v1__entitlements_changed_event__d
   (ProtobufCMessageInit) entitlements__v1__entitlements_changed_event__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__record_transaction_request__field_descriptors[2] =
+static const ProtobufCFieldDescriptor entitlements__v1__record_transaction_request__field_descriptors[3] =
 {
   {
     "user_id",
@@ -1607,15 +1607,28 @@ static const ProtobufCFieldDescriptor entitlements__v1__record_transaction_reque
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "keep_revocation",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__RecordTransactionRequest, has_keep_revocation),
+    offsetof(Entitlements__V1__RecordTransactionRequest, keep_revocation),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__record_transaction_request__field_indices_by_name[] = {
+  2,   /* field[2] = keep_revocation */
   1,   /* field[1] = transaction */
   0,   /* field[0] = user_id */
 };
 static const ProtobufCIntRange entitlements__v1__record_transaction_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__record_transaction_request__descriptor =
 {
@@ -1625,7 +1638,7 @@ const ProtobufCMessageDescriptor entitlements__v1__record_transaction_request__d
   "Entitlements__V1__RecordTransactionRequest",
   "entitlements.v1",
   sizeof(Entitlements__V1__RecordTransactionRequest),
-  2,
+  3,
   entitlements__v1__record_transaction_request__field_descriptors,
   entitlements__v1__record_transaction_request__field_indices_by_name,
   1,  entitlements__v1__record_transaction_request__number_ranges,

@@ -355,7 +355,7 @@ const ProtobufCMessageDescriptor entitlements__v1__transaction__descriptor =
   (ProtobufCMessageInit) entitlements__v1__transaction__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__subscription_state__field_descriptors[7] =
+static const ProtobufCFieldDescriptor entitlements__v1__subscription_state__field_descriptors[9] =
 {
   {
     "store",
@@ -441,11 +441,37 @@ static const ProtobufCFieldDescriptor entitlements__v1__subscription_state__fiel
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "event_date",
+    8,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__SubscriptionState, has_event_date),
+    offsetof(Entitlements__V1__SubscriptionState, event_date),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ended_date",
+    9,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__SubscriptionState, has_ended_date),
+    offsetof(Entitlements__V1__SubscriptionState, ended_date),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__subscription_state__field_indices_by_name[] = {
   3,   /* field[3] = auto_renew_disabled_date */
   2,   /* field[2] = auto_renew_enabled */
   4,   /* field[4] = billing_issue_detected_date */
+  8,   /* field[8] = ended_date */
+  7,   /* field[7] = event_date */
   5,   /* field[5] = grace_period_expiration_date */
   6,   /* field[6] = is_in_billing_retry */
   1,   /* field[1] = original_transaction_id */
@@ -454,7 +480,7 @@ static const unsigned entitlements__v1__subscription_state__field_indices_by_nam
 static const ProtobufCIntRange entitlements__v1__subscription_state__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__subscription_state__descriptor =
 {
@@ -464,7 +490,7 @@ const ProtobufCMessageDescriptor entitlements__v1__subscription_state__descripto
   "Entitlements__V1__SubscriptionState",
   "entitlements.v1",
   sizeof(Entitlements__V1__SubscriptionState),
-  7,
+  9,
   entitlements__v1__subscription_state__field_descriptors,
   entitlements__v1__subscription_state__field_indices_by_name,
   1,  entitlements__v1__subscription_state__number_ranges,

@@ -314,10 +314,17 @@ struct  Entitlements__V1__RecordTransactionRequest
    */
   char *user_id;
   Entitlements__V1__Transaction *transaction;
+  /*
+   * When the transaction is already recorded, keep its stored revocation_date whatever
+   * this one says: for a writer that does not know of refunds (a store's payment event
+   * delivered again after the refund) and must not undo one.
+   */
+  protobuf_c_boolean has_keep_revocation;
+  protobuf_c_boolean keep_revocation;
 };
 #define ENTITLEMENTS__V1__RECORD_TRANSACTION_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__record_transaction_request__descriptor) \
-    , NULL, NULL }
+    , NULL, NULL, 0, 0 }
 
 
 /*

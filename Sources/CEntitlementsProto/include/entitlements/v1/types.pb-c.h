@@ -170,10 +170,26 @@ struct  Entitlements__V1__SubscriptionState
   int64_t grace_period_expiration_date;
   protobuf_c_boolean has_is_in_billing_retry;
   protobuf_c_boolean is_in_billing_retry;
+  /*
+   * The store's time of the event this state was read from (Stripe: the event's
+   * `created`; App Store: the notification's `signedDate`). A state older than the stored
+   * one (both dated) is ignored, so an event delivered late never rolls the state back.
+   * Absent: the state replaces the stored one whatever its date.
+   */
+  protobuf_c_boolean has_event_date;
+  int64_t event_date;
+  /*
+   * When the store ended the chain before its paid period did (Stripe: a subscription's
+   * `ended_at`). Every transaction of the chain still running at this instant is revoked
+   * at it, those recorded later included; a later state without it keeps it
+   * (docs/ingestion.md, "Ends").
+   */
+  protobuf_c_boolean has_ended_date;
+  int64_t ended_date;
 };
 #define ENTITLEMENTS__V1__SUBSCRIPTION_STATE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__subscription_state__descriptor) \
-    , 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 /*

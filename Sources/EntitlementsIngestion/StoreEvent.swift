@@ -1,0 +1,80 @@
+import EntitlementsMessages
+
+/// A webhook not applied: its reason (a metric label) and a message a person can act on.
+/// ``IngestionRejection`` (400) and ``IngestionRetry`` (503) are its two kinds.
+public struct IngestionError<Reason: RawRepresentable & Sendable & Hashable>: Error, Sendable, Hashable, CustomStringConvertible
+where Reason.RawValue == String {
+    public var reason: Reason
+    public var message: String
+
+    public init(_ reason: Reason, _ message: String) {
+        self.reason = reason
+        self.message = message
+    }
+
+    public var description: String { self.message }
+}
+
+/// Why a webhook was refused before anything was written: answered 4xx with the message,
+/// counted by reason (docs/ingestion.md, "Answers and errors"). The store does not fix such
+/// an event by retrying it, but a person reading the message can.
+public typealias IngestionRejection = IngestionError<RejectionReason>
+
+public enum RejectionReason: String, Sendable, Hashable, CaseIterable {
+    case missingSignature = "missing_signature"
+    case malformedSignature = "malformed_signature"
+    case badSignature = "bad_signature"
+    case expiredTimestamp = "expired_timestamp"
+    case malformedJSON = "malformed_json"
+    case missingField = "missing_field"
+    case tooLarge = "too_large"
+}
+
+/// Why a verified event was not applied this time: answered 5xx so the store delivers it
+/// again later (Stripe retries for three days, Apple five times over three days), and
+/// counted by reason. Nothing the event asked for is lost while the store retries.
+public typealias IngestionRetry = IngestionError<RetryReason>
+
+public enum RetryReason: String, Sendable, Hashable, CaseIterable {
+    /// The event names no user we know yet (docs/ingestion.md, "Identity").
+    case unknownIdentity = "unknown_identity"
+    /// A refund names a transaction not recorded yet (it came first).
+    case notRecordedYet = "not_recorded_yet"
+    /// The product is not in the catalog: add it, and the retry applies.
+    case unknownProduct = "unknown_product"
+    /// A write failed (the log, PostgreSQL, a refused write): its message says why.
+    case writeFailed = "write_failed"
+}
+
+/// Who a store event is about, as the event names them.
+enum StoreIdentity: Sendable, Hashable {
+    /// Our user id, named by the event itself (Stripe: the metadata key). `storeCustomer`,
+    /// when the event names one, is linked to it as an alias so later events that name
+    /// only the store's customer find the user.
+    case user(String, storeCustomer: String?)
+    /// Only the store's customer, as the alias a user was linked to (`stripe:cus_...`).
+    case storeCustomer(String)
+}
+
+/// One write an event makes, before its customer is known.
+enum StoreWrite: Sendable, Hashable {
+    /// Links the store's customer alias to the user (moving it if another user had it).
+    case linkStoreCustomer(alias: String)
+    /// Records a paid period; a refund already stored is kept (`keep_revocation`).
+    case transaction(Transaction)
+    /// Replaces the chain's renewal state unless a newer event's state is stored
+    /// (`event_date`); with `ended_date`, the write rules revoke what runs past the end.
+    case state(SubscriptionState)
+    /// Revokes the stored transaction `transactionId` at `date` (a refund); a transaction
+    /// not recorded yet is a retry: the refund came before the payment.
+    case revokeTransaction(store: Source, transactionId: String, date: Int64)
+}
+
+/// What an event asks for, from its verified bytes alone.
+enum StoreEventPlan: Sendable, Hashable {
+    /// Writes for one customer, in order.
+    case apply(identity: StoreIdentity, writes: [StoreWrite])
+    /// Nothing to write: answered 2xx and counted under `reason` (a type we do not
+    /// handle, or one whose state arrives with another event).
+    case ignore(reason: String)
+}

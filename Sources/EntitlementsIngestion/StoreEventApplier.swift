@@ -1,0 +1,134 @@
+import EntitlementsMessages
+import EntitlementsSecurity
+import EntitlementsServer
+import EntitlementsStore
+import NIOCore
+
+/// What applying an event did.
+struct AppliedEvent: Sendable, Hashable {
+    var customerId: String
+    /// False when every write repeated what was stored: a redelivery, or an older event.
+    var changed: Bool
+    /// The log sequence of the last write that changed something; 0 when none did.
+    var logSequence: UInt64
+    /// Why a write the event asked for was left out (a refund of a payment never seen).
+    var skipped: String? = nil
+}
+
+/// Runs a plan's writes, one after another, through the same ``EntitlementMethods/write(_:_:)``
+/// as every write call: each is durable (fleet mode: committed in PostgreSQL) before the
+/// next starts, and the event is answered 2xx only after the last. A failure stops it with a
+/// retry: every write is idempotent, so the store's redelivery finishes the event.
+struct StoreEventApplier: Sendable {
+    let methods: EntitlementMethods
+
+    /// How long after its refund a payment may still arrive: until then a refund of a
+    /// payment not recorded is refused (503) so the store delivers it again.
+    static let refundWait: Int64 = 24 * 3_600_000
+
+    /// `now` is the current time in Unix milliseconds.
+    func apply(_ identity: StoreIdentity, _ writes: [StoreWrite], now: Int64, on eventLoop: any EventLoop) async throws(IngestionRetry) -> AppliedEvent {
+        let context = CallContext(eventLoop: eventLoop, deadline: nil, scope: ConnectionScope(peer: "webhook"), access: .unrestricted)
+        let user: String
+        var planned = writes
+        switch identity {
+        case .user(let id, let storeCustomer):
+            user = id
+            if let storeCustomer {
+                planned.insert(.linkStoreCustomer(alias: storeCustomer), at: 0)
+            }
+        case .storeCustomer(let alias):
+            guard let record = try self.record(alias, context), let id = record.id else {
+                throw IngestionRetry(
+                    .unknownIdentity,
+                    "no user is linked to \(alias) yet: the event is refused so that the store delivers it again once a customer event or a subscription's metadata names the user"
+                )
+            }
+            user = id
+        }
+        var applied = AppliedEvent(customerId: user, changed: false, logSequence: 0)
+        for write in planned {
+            for mutation in try self.mutations(for: write, user: user, now: now, skipped: &applied.skipped, context) {
+                let response = try await self.write(mutation, context)
+                applied.customerId = response.customerId ?? applied.customerId
+                if response.changed {
+                    applied.changed = true
+                    applied.logSequence = response.logSequence
+                }
+            }
+        }
+        return applied
+    }
+
+    /// The write calls one planned write makes; those that name stored transactions read
+    /// the customer's record first.
+    private func mutations(
+        for write: StoreWrite,
+        user: String,
+        now: Int64,
+        skipped: inout String?,
+        _ context: CallContext
+    ) throws(IngestionRetry) -> [LogRecord.Mutation] {
+        switch write {
+        case .linkStoreCustomer(let alias):
+            return [.linkAlias(LinkAliasRequest(userId: user, alias: alias, transfer: true))]
+        case .state(let state):
+            return [.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: state))]
+        case .transaction(let transaction):
+            // An end stored for the chain (ended_date) is applied by the write rules.
+            return [.recordTransaction(RecordTransactionRequest(userId: user, transaction: transaction, keepRevocation: true))]
+        case .revokeTransaction(let store, let transactionId, let date):
+            guard var transaction = try self.record(user, context)?.transactions.first(where: { $0.store == store && $0.transactionId == transactionId }) else {
+                guard now - date < Self.refundWait else {
+                    // Not recorded a day after the refund: a payment this service never saw
+                    // (a one-off invoice, or one paid before ingestion started).
+                    skipped = "refund_of_unknown_payment"
+                    return []
+                }
+                throw IngestionRetry(
+                    .notRecordedYet,
+                    "the refund names transaction \(transactionId), which is not recorded for \(user) yet: refused so that the store delivers it again after the payment"
+                )
+            }
+            if let revoked = transaction.revocationDate, revoked <= date {
+                return []  // revoked already, at this instant or before
+            }
+            transaction.revocationDate = date
+            return [.recordTransaction(RecordTransactionRequest(userId: user, transaction: transaction))]
+        }
+    }
+
+    private func record(_ userId: String, _ context: CallContext) throws(IngestionRetry) -> CustomerRecord? {
+        switch self.methods.customerRecord(userId, context) {
+        case .success(let record):
+            return record
+        case .failure(let error):
+            throw IngestionRetry(.writeFailed, "reading \(userId): \(error.message)")
+        }
+    }
+
+    /// Runs the write on `context`'s event loop, as every transport calls the methods.
+    private func write(_ mutation: LogRecord.Mutation, _ context: CallContext) async throws(IngestionRetry) -> WriteResponse {
+        let eventLoop = context.eventLoop
+        let methods = self.methods
+        let answer = eventLoop.flatSubmit { () -> EventLoopFuture<Result<WriteResponse, ServiceError>> in
+            let context = CallContext(eventLoop: eventLoop, deadline: nil, scope: ConnectionScope(peer: "webhook"), access: .unrestricted)
+            switch methods.write(mutation, context) {
+            case .now(let result): return eventLoop.makeSucceededFuture(result)
+            case .later(let future): return future
+            }
+        }
+        let result: Result<WriteResponse, ServiceError>
+        do {
+            result = try await answer.get()
+        } catch {
+            result = .failure(ServiceError(.internalError, "\(error)"))
+        }
+        switch result {
+        case .success(let response):
+            return response
+        case .failure(let error):
+            throw IngestionRetry(.writeFailed, "\(error.status): \(error.message)")
+        }
+    }
+}

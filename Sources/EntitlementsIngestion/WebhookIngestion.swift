@@ -1,0 +1,178 @@
+public import EntitlementsServer
+import EntitlementsFormats
+import EntitlementsStore
+import Foundation
+import Logging
+public import Metrics
+public import NIOCore
+import Synchronization
+
+/// Stripe's settings (`--stripe-webhook-secret-file`, `--stripe-customer-key`).
+public struct StripeWebhookSettings: Sendable {
+    public var secrets: [String]
+    public var customerKey: String
+    /// Seconds a signature may be old (Stripe's libraries: 300).
+    public var tolerance: Int64
+
+    public init(secrets: [String], customerKey: String = "user_id", tolerance: Int64 = 300) {
+        self.secrets = secrets
+        self.customerKey = customerKey
+        self.tolerance = tolerance
+    }
+}
+
+/// An HTTP answer to a webhook: its status and a JSON body saying what happened.
+public struct WebhookAnswer: Sendable, Hashable {
+    public var status: Int
+    public var body: String
+}
+
+/// The store webhooks of docs/ingestion.md, independent of HTTP: verified bytes in, writes
+/// through ``EntitlementMethods``, an answer out. Every answer is counted in
+/// `entitlements_webhook_events_total{store, outcome, reason}` (outcome: `applied`,
+/// `unchanged`, `ignored`, `rejected` (4xx), `retry` (5xx)). Bodies are never logged.
+public final class WebhookIngestion: Sendable {
+    private let stripe: (verifier: StripeSignatureVerifier, events: StripeEvents)?
+    private let clock: @Sendable () -> Int64
+    private let factory: any MetricsFactory
+    private let counters = Mutex<[String: Counter]>([:])
+    private let serial = AsyncSerializer()
+    private let logger = Logger(label: "entitlements.webhooks")
+
+    /// `clock` is the current Unix time in seconds (for the signature tolerance); default: the wall clock.
+    public init(
+        stripe: StripeWebhookSettings?,
+        factory: any MetricsFactory = MetricsSystem.factory,
+        clock: (@Sendable () -> Int64)? = nil
+    ) {
+        self.stripe = stripe.map {
+            (StripeSignatureVerifier(secrets: $0.secrets, tolerance: $0.tolerance), StripeEvents(customerKey: $0.customerKey))
+        }
+        self.factory = factory
+        self.clock = clock ?? { WallClock.unixMilliseconds() / 1000 }
+    }
+
+    /// The routes served: path -> store name.
+    public var routes: [String] { self.stripe == nil ? [] : ["/webhooks/stripe"] }
+
+    /// `POST /webhooks/stripe`.
+    public func stripe(signature: String?, body: [UInt8], methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {
+        guard let stripe = self.stripe else {
+            return WebhookAnswer(status: 404, body: Self.json(["error": .string("Stripe webhooks are not configured on this server (--stripe-webhook-secret-file)")]))
+        }
+        var eventId = ""
+        let plan: StoreEventPlan
+        do {
+            try stripe.verifier.verify(header: signature, body: body, now: self.clock())
+            let event = try EventJSON(parsing: body)
+            eventId = event["id"].string ?? ""
+            plan = try stripe.events.plan(event, catalogContains: methods.catalogContains)
+        } catch let rejection as IngestionRejection {
+            return self.rejected("stripe", rejection, event: eventId)
+        } catch let retry as IngestionRetry {
+            return self.retry("stripe", retry, event: eventId)
+        } catch {
+            return self.retry("stripe", IngestionRetry(.writeFailed, "\(error)"), event: eventId)
+        }
+        return await self.apply(plan, store: "stripe", event: eventId, methods: methods, on: eventLoop)
+    }
+
+    private func apply(_ plan: StoreEventPlan, store: String, event: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {
+        switch plan {
+        case .ignore(let reason):
+            self.count(store, "ignored", reason)
+            return WebhookAnswer(status: 200, body: Self.json(["received": .bool(true), "ignored": .string(reason)]))
+        case .apply(let identity, let writes):
+            // One event at a time: a refund reads the record it then writes, and two events
+            // of one subscription must not interleave their reads and writes.
+            await self.serial.acquire()
+            defer { self.serial.release() }
+            do {
+                let now = self.clock() * 1000
+                let applied = try await StoreEventApplier(methods: methods).apply(identity, writes, now: now, on: eventLoop)
+                if let skipped = applied.skipped, !applied.changed {
+                    self.count(store, "ignored", skipped)
+                    return WebhookAnswer(status: 200, body: Self.json(["received": .bool(true), "ignored": .string(skipped)]))
+                }
+                self.count(store, applied.changed ? "applied" : "unchanged", "")
+                return WebhookAnswer(
+                    status: 200,
+                    body: Self.json([
+                        "received": .bool(true), "customerId": .string(applied.customerId), "changed": .bool(applied.changed),
+                        "logSequence": .string("\(applied.logSequence)"),
+                    ])
+                )
+            } catch {
+                return self.retry(store, error, event: event)
+            }
+        }
+    }
+
+    private func rejected(_ store: String, _ rejection: IngestionRejection, event: String) -> WebhookAnswer {
+        self.count(store, "rejected", rejection.reason.rawValue)
+        self.logger.warning("webhook refused", metadata: ["store": "\(store)", "event": "\(event)", "reason": "\(rejection.reason.rawValue)", "message": "\(rejection.message)"])
+        return WebhookAnswer(status: 400, body: Self.json(["error": .string(rejection.message), "reason": .string(rejection.reason.rawValue)]))
+    }
+
+    private func retry(_ store: String, _ retry: IngestionRetry, event: String) -> WebhookAnswer {
+        self.count(store, "retry", retry.reason.rawValue)
+        self.logger.warning("webhook not applied yet", metadata: ["store": "\(store)", "event": "\(event)", "reason": "\(retry.reason.rawValue)", "message": "\(retry.message)"])
+        return WebhookAnswer(status: 503, body: Self.json(["error": .string(retry.message), "reason": .string(retry.reason.rawValue)]))
+    }
+
+    private func count(_ store: String, _ outcome: String, _ reason: String) {
+        let key = "\(store)/\(outcome)/\(reason)"
+        let counter = self.counters.withLock { counters in
+            if let counter = counters[key] {
+                return counter
+            }
+            let counter = Counter(
+                label: "entitlements_webhook_events_total",
+                dimensions: [("store", store), ("outcome", outcome), ("reason", reason)],
+                factory: self.factory
+            )
+            counters[key] = counter
+            return counter
+        }
+        counter.increment()
+    }
+
+    /// A flat JSON object, in the given key order. (`logSequence` is a string, as the JSON
+    /// door writes 64-bit integers.)
+    static func json(_ fields: KeyValuePairs<String, JSONValue>) -> String {
+        JSONValue.object(fields.map { ($0.key, $0.value) }).serialized(pretty: false)
+    }
+}
+
+/// A lock for async code: `acquire` suspends until the holder calls `release`; waiters go
+/// in arrival order.
+final class AsyncSerializer: Sendable {
+    private let state = Mutex<(busy: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func acquire() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let free = self.state.withLock { state in
+                if state.busy {
+                    state.waiters.append(continuation)
+                    return false
+                }
+                state.busy = true
+                return true
+            }
+            if free {
+                continuation.resume()
+            }
+        }
+    }
+
+    func release() {
+        let next = self.state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard !state.waiters.isEmpty else {
+                state.busy = false
+                return nil
+            }
+            return state.waiters.removeFirst()
+        }
+        next?.resume()
+    }
+}

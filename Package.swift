@@ -40,6 +40,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         // Already in the graph through postgres-nio: HMAC-SHA256 for Stripe's signatures.
         .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
+        // Already in the graph through postgres-nio: the App Store's x5c chains.
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
     ],
     targets: [
         // MARK: C: libprotobuf-c, the protoc-c output, and the arena shim.
@@ -194,6 +197,8 @@ let package = Package(
                 "EntitlementsServer",
                 "EntitlementsStore",
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -335,6 +340,9 @@ let package = Package(
             name: "EntitlementsIngestionTests",
             dependencies: [
                 "EntitlementsIngestion",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
                 "EntitlementsMessages",
                 "EntitlementsServer",
                 "EntitlementsStore",

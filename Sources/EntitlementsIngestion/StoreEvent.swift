@@ -26,6 +26,9 @@ public enum RejectionReason: String, Sendable, Hashable, CaseIterable {
     case badSignature = "bad_signature"
     case expiredTimestamp = "expired_timestamp"
     case malformedJSON = "malformed_json"
+    case malformedJWS = "malformed_jws"
+    case badAlgorithm = "bad_algorithm"
+    case badChain = "bad_chain"
     case missingField = "missing_field"
     case tooLarge = "too_large"
 }

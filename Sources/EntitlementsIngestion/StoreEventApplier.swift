@@ -28,7 +28,7 @@ struct StoreEventApplier: Sendable {
 
     /// `now` is the current time in Unix milliseconds.
     func apply(_ identity: StoreIdentity, _ writes: [StoreWrite], now: Int64, on eventLoop: any EventLoop) async throws(IngestionRetry) -> AppliedEvent {
-        let context = CallContext(eventLoop: eventLoop, deadline: nil, scope: ConnectionScope(peer: "webhook"), access: .unrestricted)
+        let context = Self.context(on: eventLoop)
         let user: String
         var planned = writes
         switch identity {
@@ -98,6 +98,12 @@ struct StoreEventApplier: Sendable {
         }
     }
 
+    /// A webhook's calls: no deadline (the store waits for the answer), every permission (the
+    /// signature was the credential).
+    private static func context(on eventLoop: any EventLoop) -> CallContext {
+        CallContext(eventLoop: eventLoop, deadline: nil, scope: ConnectionScope(peer: "webhook"), access: .unrestricted)
+    }
+
     private func record(_ userId: String, _ context: CallContext) throws(IngestionRetry) -> CustomerRecord? {
         switch self.methods.customerRecord(userId, context) {
         case .success(let record):
@@ -112,8 +118,7 @@ struct StoreEventApplier: Sendable {
         let eventLoop = context.eventLoop
         let methods = self.methods
         let answer = eventLoop.flatSubmit { () -> EventLoopFuture<Result<WriteResponse, ServiceError>> in
-            let context = CallContext(eventLoop: eventLoop, deadline: nil, scope: ConnectionScope(peer: "webhook"), access: .unrestricted)
-            switch methods.write(mutation, context) {
+            switch methods.write(mutation, Self.context(on: eventLoop)) {
             case .now(let result): return eventLoop.makeSucceededFuture(result)
             case .later(let future): return future
             }

@@ -94,6 +94,7 @@ struct StripeEventsTests {
         let invoice = F.invoice("in_9", subscription: "sub_1", customer: "cus_1", periodStart: F.start, periodEnd: F.start + 30 * F.day, reason: "subscription_cycle")
         #expect(try plan(F.event("evt_f", "invoice.payment_failed", created: F.start, invoice)) == .ignore(reason: "state_from_subscription"))
         #expect(try plan(F.event("evt_x", "payment_intent.created", created: F.start, ["id": "pi_1"])) == .ignore(reason: "unhandled_type"))
+        #expect(try plan(F.event("evt_y", "radar.early_fraud_warning.created", created: F.start, ["object": "radar.early_fraud_warning"])) == .ignore(reason: "unhandled_type"))
         let oneOff: JSON = ["id": "in_5", "object": "invoice", "customer": "cus_1", "lines": ["data": []]]
         #expect(try plan(F.event("evt_o", "invoice.paid", created: F.start, oneOff)) == .ignore(reason: "invoice_without_subscription"))
     }

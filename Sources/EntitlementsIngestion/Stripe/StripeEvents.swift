@@ -29,14 +29,16 @@ public struct StripeEvents: Sendable {
     ]
 
     func plan(_ event: EventJSON, catalogContains: (String) -> Bool) throws -> StoreEventPlan {
-        guard let type = event["type"].string, event["id"].string != nil, let created = Self.seconds(event["created"]) else {
+        guard let type = event["type"].string, event["id"].string != nil, let eventDate = Self.seconds(event["created"]) else {
             throw IngestionRejection(.missingField, "not a Stripe event: id, type and created (Unix seconds) are required")
+        }
+        guard Self.handled.contains(type) else {
+            return .ignore(reason: "unhandled_type")  // whatever its object holds
         }
         let object = event["data"]["object"]
         guard object["id"].string != nil else {
             throw IngestionRejection(.missingField, "\(type): data.object.id missing")
         }
-        let eventDate = created
         switch type {
         case "customer.created", "customer.updated":
             return self.customer(object)
@@ -48,10 +50,8 @@ public struct StripeEvents: Sendable {
             // The billing issue is the subscription's state: Stripe sends
             // customer.subscription.updated (status past_due) with it, carrying the whole state.
             return .ignore(reason: "state_from_subscription")
-        case "charge.refunded":
+        default:  // charge.refunded
             return try self.chargeRefunded(object, eventDate: eventDate)
-        default:
-            return .ignore(reason: "unhandled_type")
         }
     }
 

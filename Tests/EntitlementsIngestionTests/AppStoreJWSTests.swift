@@ -88,11 +88,14 @@ struct AppleLikeCertificates: Sendable {
 struct AppStoreJWSTests {
     let certificates: AppleLikeCertificates
     let verifier: AppStoreJWSVerifier
-    let now = Int64(Date().timeIntervalSince1970 * 1000)
+    /// Taken after the certificates exist: openssl makes them valid from the second it runs,
+    /// so a signedDate read before that would fall outside their validity.
+    let now: Int64
 
     init() throws {
         self.certificates = try AppleLikeCertificates.shared.get()
         self.verifier = AppStoreJWSVerifier(roots: [try AppStoreJWSVerifier.loadRoot(path: self.certificates.path("root.pem"))])
+        self.now = Int64(Date().timeIntervalSince1970 * 1000)
     }
 
     func payload(signedDate: Int64) -> String {

@@ -31,6 +31,8 @@ public enum RejectionReason: String, Sendable, Hashable, CaseIterable {
     case badChain = "bad_chain"
     case missingField = "missing_field"
     case tooLarge = "too_large"
+    /// An App Store notification of an app not named by --appstore-bundle-id.
+    case otherApp = "other_app"
 }
 
 /// Why a verified event was not applied this time: answered 5xx so the store delivers it
@@ -63,8 +65,11 @@ enum StoreIdentity: Sendable, Hashable {
 enum StoreWrite: Sendable, Hashable {
     /// Links the store's customer alias to the user (moving it if another user had it).
     case linkStoreCustomer(alias: String)
-    /// Records a paid period; a refund already stored is kept (`keep_revocation`).
-    case transaction(Transaction)
+    /// Records a paid period. With `keepRevocation`, a refund already stored is kept
+    /// (`keep_revocation`); without it, the transaction's own revocation date (or its
+    /// absence: a refund reversed) replaces the stored one. A transaction stored with other
+    /// values (a period the store extended since) is left as it is.
+    case transaction(Transaction, keepRevocation: Bool)
     /// Replaces the chain's renewal state unless a newer event's state is stored
     /// (`event_date`); with `ended_date`, the write rules revoke what runs past the end.
     case state(SubscriptionState)

@@ -74,9 +74,19 @@ struct StoreEventApplier: Sendable {
             return [.linkAlias(LinkAliasRequest(userId: user, alias: alias, transfer: true))]
         case .state(let state):
             return [.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: state))]
-        case .transaction(let transaction):
+        case .transaction(let transaction, let keepRevocation):
+            if let stored = try self.record(user, context)?.transactions.first(where: { $0.store == transaction.store && $0.transactionId == transaction.transactionId }) {
+                var comparable = stored
+                comparable.revocationDate = transaction.revocationDate
+                if comparable != transaction {
+                    // Recorded with other values (the write rules let only a revocation
+                    // change): the stored period stays, the rest of the event applies.
+                    skipped = "transaction_changed"
+                    return []
+                }
+            }
             // An end stored for the chain (ended_date) is applied by the write rules.
-            return [.recordTransaction(RecordTransactionRequest(userId: user, transaction: transaction, keepRevocation: true))]
+            return [.recordTransaction(RecordTransactionRequest(userId: user, transaction: transaction, keepRevocation: keepRevocation))]
         case .revokeTransaction(let store, let transactionId, let date):
             guard var transaction = try self.record(user, context)?.transactions.first(where: { $0.store == store && $0.transactionId == transactionId }) else {
                 guard now - date < Self.refundWait else {

@@ -6,6 +6,7 @@ import Logging
 public import Metrics
 public import NIOCore
 import Synchronization
+public import X509
 
 /// Stripe's settings (`--stripe-webhook-secret-file`, `--stripe-customer-key`).
 public struct StripeWebhookSettings: Sendable {
@@ -21,6 +22,17 @@ public struct StripeWebhookSettings: Sendable {
     }
 }
 
+/// The App Store's settings (`--appstore-root-cert`, `--appstore-bundle-id`).
+public struct AppStoreWebhookSettings: Sendable {
+    public var roots: [Certificate]
+    public var bundleIds: Set<String>
+
+    public init(roots: [Certificate], bundleIds: Set<String>) {
+        self.roots = roots
+        self.bundleIds = bundleIds
+    }
+}
+
 /// An HTTP answer to a webhook: its status and a JSON body saying what happened.
 public struct WebhookAnswer: Sendable, Hashable {
     public var status: Int
@@ -33,6 +45,7 @@ public struct WebhookAnswer: Sendable, Hashable {
 /// `unchanged`, `ignored`, `rejected` (4xx), `retry` (5xx)). Bodies are never logged.
 public final class WebhookIngestion: Sendable {
     private let stripe: (verifier: StripeSignatureVerifier, events: StripeEvents)?
+    private let appStore: (verifier: AppStoreJWSVerifier, notifications: AppStoreNotifications)?
     private let clock: @Sendable () -> Int64
     private let factory: any MetricsFactory
     private let counters = Mutex<[String: Counter]>([:])
@@ -42,39 +55,82 @@ public final class WebhookIngestion: Sendable {
     /// `clock` is the current Unix time in seconds (for the signature tolerance); default: the wall clock.
     public init(
         stripe: StripeWebhookSettings?,
+        appStore: AppStoreWebhookSettings? = nil,
         factory: any MetricsFactory = MetricsSystem.factory,
         clock: (@Sendable () -> Int64)? = nil
     ) {
         self.stripe = stripe.map {
             (StripeSignatureVerifier(secrets: $0.secrets, tolerance: $0.tolerance), StripeEvents(customerKey: $0.customerKey))
         }
+        self.appStore = appStore.map { (AppStoreJWSVerifier(roots: $0.roots), AppStoreNotifications(bundleIds: $0.bundleIds)) }
         self.factory = factory
         self.clock = clock ?? { WallClock.unixMilliseconds() / 1000 }
     }
 
-    /// The routes served: path -> store name.
-    public var routes: [String] { self.stripe == nil ? [] : ["/webhooks/stripe"] }
+    /// The paths served.
+    public var routes: [String] {
+        (self.stripe == nil ? [] : ["/webhooks/stripe"]) + (self.appStore == nil ? [] : ["/webhooks/appstore"])
+    }
 
     /// `POST /webhooks/stripe`.
     public func stripe(signature: String?, body: [UInt8], methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {
         guard let stripe = self.stripe else {
             return WebhookAnswer(status: 404, body: Self.json(["error": .string("Stripe webhooks are not configured on this server (--stripe-webhook-secret-file)")]))
         }
-        var eventId = ""
-        let plan: StoreEventPlan
-        do {
+        return await self.ingest("stripe", methods: methods, on: eventLoop) { eventId in
             try stripe.verifier.verify(header: signature, body: body, now: self.clock())
             let event = try EventJSON(parsing: body)
             eventId = event["id"].string ?? ""
-            plan = try stripe.events.plan(event, catalogContains: methods.catalogContains)
-        } catch let rejection as IngestionRejection {
-            return self.rejected("stripe", rejection, event: eventId)
-        } catch let retry as IngestionRetry {
-            return self.retry("stripe", retry, event: eventId)
-        } catch {
-            return self.retry("stripe", IngestionRetry(.writeFailed, "\(error)"), event: eventId)
+            return try stripe.events.plan(event, catalogContains: methods.catalogContains)
         }
-        return await self.apply(plan, store: "stripe", event: eventId, methods: methods, on: eventLoop)
+    }
+
+    /// `POST /webhooks/appstore`: `{"signedPayload": "<JWS>"}`.
+    public func appStore(body: [UInt8], methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {
+        guard let appStore = self.appStore else {
+            return WebhookAnswer(status: 404, body: Self.json(["error": .string("App Store notifications are not configured on this server (--appstore-root-cert)")]))
+        }
+        return await self.ingest("appstore", methods: methods, on: eventLoop) { eventId in
+            guard let signedPayload = try EventJSON(parsing: body)["signedPayload"].string else {
+                throw IngestionRejection(.missingField, "the body must be {\"signedPayload\": \"<JWS>\"} (App Store Server Notifications V2)")
+            }
+            let notification = try await appStore.verifier.verify(signedPayload, what: "signedPayload")
+            eventId = notification["notificationUUID"].string ?? ""
+            if let ignored = try appStore.notifications.screen(notification) {
+                return .ignore(reason: ignored)
+            }
+            let data = notification["data"]
+            var signed = AppStoreNotifications.Signed()
+            if let jws = data["signedTransactionInfo"].string {
+                signed.transaction = try await appStore.verifier.verify(jws, what: "signedTransactionInfo")
+            }
+            if let jws = data["signedRenewalInfo"].string {
+                signed.renewal = try await appStore.verifier.verify(jws, what: "signedRenewalInfo")
+            }
+            return try appStore.notifications.plan(notification, signed, catalogContains: methods.catalogContains)
+        }
+    }
+
+    /// Plans an event with `plan` (which names the event's id once it has read it), then
+    /// applies it; a refusal or a retry it throws becomes the answer.
+    private func ingest(
+        _ store: String,
+        methods: EntitlementMethods,
+        on eventLoop: any EventLoop,
+        _ plan: (inout String) async throws -> StoreEventPlan
+    ) async -> WebhookAnswer {
+        var eventId = ""
+        let planned: StoreEventPlan
+        do {
+            planned = try await plan(&eventId)
+        } catch let rejection as IngestionRejection {
+            return self.rejected(store, rejection, event: eventId)
+        } catch let retry as IngestionRetry {
+            return self.retry(store, retry, event: eventId)
+        } catch {
+            return self.retry(store, IngestionRetry(.writeFailed, "\(error)"), event: eventId)
+        }
+        return await self.apply(planned, store: store, event: eventId, methods: methods, on: eventLoop)
     }
 
     private func apply(_ plan: StoreEventPlan, store: String, event: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {

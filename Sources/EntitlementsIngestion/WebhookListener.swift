@@ -102,10 +102,16 @@ final class WebhookHandler: ChannelInboundHandler {
             let ingestion = self.ingestion
             let methods = self.methods
             let signature = head.headers.first(name: "stripe-signature")
+            let isAppStore = head.uri.hasPrefix("/webhooks/appstore")
             let eventLoop = context.eventLoop
             let loopBound = NIOLoopBound((self, context), eventLoop: eventLoop)
             Task {
-                let answer = await ingestion.stripe(signature: signature, body: body, methods: methods, on: eventLoop)
+                let answer =
+                    if isAppStore {
+                        await ingestion.appStore(body: body, methods: methods, on: eventLoop)
+                    } else {
+                        await ingestion.stripe(signature: signature, body: body, methods: methods, on: eventLoop)
+                    }
                 eventLoop.execute {
                     let (handler, context) = loopBound.value
                     handler.respond(context: context, answer)

@@ -266,12 +266,27 @@ public struct CustomerMutation {
         if state.endedDate == nil {
             state.endedDate = stored?.endedDate
         }
+        // Auto-renew still off: it went off when the stored state says (a store that dates
+        // only the change, as the App Store does, sends later states without the date).
+        if state.autoRenewEnabled == false, state.autoRenewDisabledDate == nil, let stored, stored.autoRenewEnabled == false {
+            state.autoRenewDisabledDate = stored.autoRenewDisabledDate
+        }
         var logged = request
         logged.userId = customerId
         logged.state = state
         var effect = WriteEffect(customerId: customerId, created: created, logged: .updateSubscriptionState(logged))
         if let incoming = state.eventDate, let storedDate = stored?.eventDate, incoming < storedDate {
-            return effect  // an older event delivered late: the newer state stays
+            // An older event delivered late: the newer state stays. One thing it may still
+            // learn: when auto-renew went off, if it is off in both and the older state is
+            // the later to say so (the order of delivery then does not matter).
+            if var newer = stored, newer.autoRenewEnabled == false, state.autoRenewEnabled == false, let date = state.autoRenewDisabledDate,
+                date > newer.autoRenewDisabledDate ?? .min
+            {
+                newer.autoRenewDisabledDate = date
+                _ = Self.upsert(newer, into: &record.subscriptions, matching: matching)
+                effect.records[customerId] = record
+            }
+            return effect
         }
         var changed = Self.upsert(state, into: &record.subscriptions, matching: matching)
         if let ended = state.endedDate {

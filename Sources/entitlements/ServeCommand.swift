@@ -87,12 +87,16 @@ struct ServeCommand: AsyncParsableCommand {
     var admin: String?
     @Option(help: "The gRPC and HTTP/JSON door HOST:PORT (docs/doors.md): entitlements.v1.EntitlementService and grpc.health.v1.Health over gRPC, and JSON calls over HTTP/1.1 or HTTP/2; off by default.")
     var grpcListen: String?
-    @Option(help: "The store webhooks' HTTP HOST:PORT (docs/ingestion.md): POST /webhooks/stripe; off by default. Needs --data-dir and a store's secret.")
+    @Option(help: "The store webhooks' HTTP HOST:PORT (docs/ingestion.md): POST /webhooks/stripe and /webhooks/appstore; off by default. Needs --data-dir and a store's settings.")
     var webhooksListen: String?
     @Option(help: "Stripe's endpoint signing secrets, one a line (whsec_...; several while one is rolled). Turns on POST /webhooks/stripe.")
     var stripeWebhookSecretFile: String?
     @Option(help: "The metadata key naming the user id on a Stripe subscription or customer (default user_id).")
     var stripeCustomerKey: String?
+    @Option(help: "Apple Root CA - G3 as a file (PEM or DER, from apple.com/certificateauthority): App Store notifications must chain to it. Turns on POST /webhooks/appstore.")
+    var appstoreRootCert: String?
+    @Option(help: "The bundle ids of the apps whose App Store notifications are accepted, comma-separated. Required with --appstore-root-cert.")
+    var appstoreBundleId: String?
     @Option(help: "trace, debug, info (default), notice, warning, error or critical.")
     var logLevel: String?
     @Option(help: "How long a check with min_log_sequence waits for this server to apply it (default 100ms).")
@@ -155,7 +159,8 @@ struct ServeCommand: AsyncParsableCommand {
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
             ("admin", self.admin), ("grpc-listen", self.grpcListen), ("webhooks-listen", self.webhooksListen),
-            ("stripe-webhook-secret-file", self.stripeWebhookSecretFile), ("stripe-customer-key", self.stripeCustomerKey), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
+            ("stripe-webhook-secret-file", self.stripeWebhookSecretFile), ("stripe-customer-key", self.stripeCustomerKey),
+            ("appstore-root-cert", self.appstoreRootCert), ("appstore-bundle-id", self.appstoreBundleId), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
             ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy), ("fleet-read-url", self.fleetReadUrl),
             ("auth-token-file", self.authTokenFile), ("listen-permissions", self.listenPermissions), ("listen-anonymous", self.listenAnonymous),
@@ -292,7 +297,8 @@ struct ServeCommand: AsyncParsableCommand {
             Self.say("grpc listening on \(address.ipAddress ?? "?"):\(address.port ?? 0)")
         }
         if let address = server.doorAddresses["webhooks"] {
-            Self.say("webhooks listening on \(address.ipAddress ?? "?"):\(address.port ?? 0) (POST /webhooks/stripe)")
+            let routes = settings.webhookRoutes()
+            Self.say("webhooks listening on \(address.ipAddress ?? "?"):\(address.port ?? 0) (POST \(routes.joined(separator: ", ")))")
         }
         Self.describe(security, configuration, door: server.doorAddresses["grpc"] != nil)
         readiness.set(.ready)

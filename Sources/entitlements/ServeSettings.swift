@@ -62,6 +62,8 @@ struct ServeSettings {
         Key(name: "webhooks-listen", defaultValue: nil, help: "the store webhooks' HTTP HOST:PORT (docs/ingestion.md); off by default"),
         Key(name: "stripe-webhook-secret-file", defaultValue: nil, help: "Stripe's endpoint signing secrets, one a line; turns on POST /webhooks/stripe"),
         Key(name: "stripe-customer-key", defaultValue: "user_id", help: "the metadata key naming the user id on Stripe subscriptions and customers"),
+        Key(name: "appstore-root-cert", defaultValue: nil, help: "Apple Root CA - G3 (PEM or DER) App Store notifications must chain to; turns on POST /webhooks/appstore"),
+        Key(name: "appstore-bundle-id", defaultValue: nil, help: "the app bundle ids whose App Store notifications are accepted, comma-separated"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
         Key(name: "min-sequence-wait", defaultValue: "100ms", help: "how long a check with min_log_sequence waits for this server to apply it"),
         Key(name: "postgres", defaultValue: nil, help: "fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md)", variable: "ENTITLEMENTS_POSTGRES_URL"),
@@ -502,23 +504,54 @@ extension ServeSettings {
         return StripeWebhookSettings(secrets: secrets, customerKey: key)
     }
 
+    /// --appstore-root-cert and --appstore-bundle-id; nil when the App Store's webhook is off.
+    func appStoreWebhooks() throws -> AppStoreWebhookSettings? {
+        let bundleIds = Set((self.text("appstore-bundle-id") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        guard let path = self.text("appstore-root-cert") else {
+            if !bundleIds.isEmpty {
+                throw ValidationError("\(self.origin("appstore-bundle-id")) needs --appstore-root-cert FILE (Apple Root CA - G3) to verify the notifications with")
+            }
+            return nil
+        }
+        guard !bundleIds.isEmpty else {
+            throw ValidationError(
+                "--appstore-root-cert needs --appstore-bundle-id ID[,ID...]: every app's notifications are signed by Apple, so the bundle id is what tells your app's apart"
+            )
+        }
+        do {
+            return AppStoreWebhookSettings(roots: [try AppStoreJWSVerifier.loadRoot(path: path)], bundleIds: bundleIds)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+    }
+
+    /// The paths --webhooks-listen serves, for the start-up line.
+    func webhookRoutes() -> [String] {
+        (self.text("stripe-webhook-secret-file") == nil ? [] : ["/webhooks/stripe"]) + (self.text("appstore-root-cert") == nil ? [] : ["/webhooks/appstore"])
+    }
+
     /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its
     /// counters go to `factory` (the server's Prometheus registry).
     func webhooks(factory: (any MetricsFactory)? = nil) throws -> ServerDoor? {
         let address = try self.address("webhooks-listen")
         let stripe = try self.stripeWebhooks()
+        let appStore = try self.appStoreWebhooks()
         guard let address else {
             if stripe != nil {
                 throw ValidationError("--stripe-webhook-secret-file needs --webhooks-listen HOST:PORT to receive Stripe's events on")
             }
+            if appStore != nil {
+                throw ValidationError("--appstore-root-cert needs --webhooks-listen HOST:PORT to receive App Store notifications on")
+            }
             return nil
         }
-        guard stripe != nil else {
-            throw ValidationError("--webhooks-listen needs a store to take events from: --stripe-webhook-secret-file FILE")
+        guard stripe != nil || appStore != nil else {
+            throw ValidationError("--webhooks-listen needs a store to take events from: --stripe-webhook-secret-file FILE, or --appstore-root-cert FILE with --appstore-bundle-id ID")
         }
         guard self.dataDirectory != nil else {
             throw ValidationError("--webhooks-listen needs --data-dir (and, in fleet mode, --postgres): the events are writes")
         }
-        return WebhookListener.door(host: address.host, port: address.port, ingestion: WebhookIngestion(stripe: stripe, factory: factory ?? MetricsSystem.factory))
+        let ingestion = WebhookIngestion(stripe: stripe, appStore: appStore, factory: factory ?? MetricsSystem.factory)
+        return WebhookListener.door(host: address.host, port: address.port, ingestion: ingestion)
     }
 }

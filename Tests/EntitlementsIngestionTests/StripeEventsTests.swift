@@ -26,10 +26,10 @@ struct StripeEventsTests {
             originalTransactionId: "sub_1", transactionId: "in_1", store: .stripe, productId: "price_monthly", transactionDate: F.start * 1000,
             expirationDate: (F.start + 30 * F.day) * 1000, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted
         )
-        #expect(try plan(F.event("evt_1", "invoice.paid", created: F.start, first, basil: basil)) == .apply(identity: .user("u1", storeCustomer: "stripe:cus_1"), writes: [.transaction(expected)]))
+        #expect(try plan(F.event("evt_1", "invoice.paid", created: F.start, first, basil: basil)) == .apply(identity: .user("u1", storeCustomer: "stripe:cus_1"), writes: [.transaction(expected, keepRevocation: true)]))
 
         let trial = F.invoice("in_0", subscription: "sub_1", customer: "cus_1", periodStart: F.start, periodEnd: F.start + 7 * F.day, reason: "subscription_create", amountPaid: 0, basil: basil)
-        guard case .apply(let identity, let writes) = try plan(F.event("evt_0", "invoice.paid", created: F.start, trial, basil: basil)), case .transaction(let transaction) = writes.first else {
+        guard case .apply(let identity, let writes) = try plan(F.event("evt_0", "invoice.paid", created: F.start, trial, basil: basil)), case .transaction(let transaction, _) = writes.first else {
             Issue.record("a trial invoice wrote nothing")
             return
         }
@@ -37,7 +37,7 @@ struct StripeEventsTests {
         #expect(transaction.type == .trialStarted)
 
         let renewal = F.invoice("in_2", subscription: "sub_1", customer: "cus_1", periodStart: F.start + 30 * F.day, periodEnd: F.start + 60 * F.day, reason: "subscription_cycle", basil: basil)
-        guard case .apply(_, let renewed) = try plan(F.event("evt_2", "invoice.paid", created: F.start, renewal, basil: basil)), case .transaction(let next) = renewed.first else {
+        guard case .apply(_, let renewed) = try plan(F.event("evt_2", "invoice.paid", created: F.start, renewal, basil: basil)), case .transaction(let next, _) = renewed.first else {
             Issue.record("a renewal wrote nothing")
             return
         }
@@ -110,7 +110,7 @@ struct StripeEventsTests {
         let credit = line("prod_old", start: F.start + 5 * F.day, end: F.start + 30 * F.day, amount: -500, proration: true)
         let charge = line("prod_annual", start: F.start + 5 * F.day, end: F.start + 30 * F.day, amount: 2000, proration: true)
         let next = line("prod_annual", start: F.start + 30 * F.day, end: F.start + 395 * F.day, amount: 9900, proration: false)
-        guard case .apply(_, let writes) = try plan(F.event("evt_u", "invoice.paid", created: F.start, invoice([credit, charge, next]))), case .transaction(let transaction) = writes.first else {
+        guard case .apply(_, let writes) = try plan(F.event("evt_u", "invoice.paid", created: F.start, invoice([credit, charge, next]))), case .transaction(let transaction, _) = writes.first else {
             Issue.record("the full period's line was not recorded")
             return
         }

@@ -124,6 +124,34 @@ struct CustomerMutationTests {
         #expect(world.customers["alice"]?.subscriptions.first?.autoRenewEnabled == false)
     }
 
+    @Test("auto_renew_disabled_date: kept while auto-renew stays off, and learnt from the latest off state whatever the order of delivery")
+    func autoRenewDisabledDate() throws {
+        func state(renews: Bool, disabled: Int64?, at date: Int64) -> LogRecord.Mutation {
+            .updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "dan", state: SubscriptionState(
+                store: .appstore, originalTransactionId: "1000", autoRenewEnabled: renews, autoRenewDisabledDate: disabled, eventDate: date
+            )))
+        }
+        // Off at 100, on at 200, off at 300, expired (off, undated) at 400: every order ends off since 300.
+        let events = [state(renews: false, disabled: 100, at: 100), state(renews: true, disabled: nil, at: 200),
+                      state(renews: false, disabled: 300, at: 300), state(renews: false, disabled: nil, at: 400)]
+        var finals: Set<String> = []
+        for order in [[0, 1, 2, 3], [3, 2, 1, 0], [3, 0, 1, 2], [3, 0, 2, 1], [1, 3, 0, 2], [2, 3, 0, 1]] {
+            var world = World()
+            for index in order {
+                _ = try world.apply(events[index])
+            }
+            let stored = world.customers["dan"]?.subscriptions.first
+            #expect(stored?.autoRenewEnabled == false && stored?.autoRenewDisabledDate == 300 && stored?.eventDate == 400, "order \(order): \(String(describing: stored))")
+            finals.insert("\(String(describing: stored))")
+        }
+        #expect(finals.count == 1)
+        // An older off state with an earlier date changes nothing.
+        var world = World()
+        _ = try world.apply(events[3])
+        _ = try world.apply(events[2])
+        #expect(try !world.apply(events[0]).changed)
+    }
+
     @Test("ended_date: running transactions of the chain are revoked at the end, those recorded later too, and the end stays")
     func chainEnd() throws {
         var world = World()

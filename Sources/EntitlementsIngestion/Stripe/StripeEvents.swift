@@ -156,7 +156,7 @@ public struct StripeEvents: Sendable {
             ownershipType: .owner,
             type: type
         )
-        return .apply(identity: identity, writes: [.transaction(transaction)])
+        return .apply(identity: identity, writes: [.transaction(transaction, keepRevocation: true)])
     }
 
     private func chargeRefunded(_ charge: EventJSON, eventDate: Int64) throws -> StoreEventPlan {

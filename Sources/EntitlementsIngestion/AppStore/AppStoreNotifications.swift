@@ -1,0 +1,177 @@
+import EntitlementsMessages
+
+/// App Store Server Notifications V2 as writes (docs/ingestion.md, "App Store"). Pure: the
+/// verified payloads and the catalog in, a plan out.
+///
+/// A notification's `data` carries the latest transaction of the subscription
+/// (`signedTransactionInfo`) and its renewal state (`signedRenewalInfo`), each a JWS
+/// verified like the notification. Every handled type writes what its payloads hold: the
+/// transaction (a new period, a refund's revocation, a family member's loss of access) and
+/// the renewal state, dated by the notification's `signedDate` so an older notification
+/// delivered late never rolls the state back.
+public struct AppStoreNotifications: Sendable {
+    /// The apps whose notifications are accepted (`--appstore-bundle-id`): every app's
+    /// notifications are signed by Apple, so the bundle id is what tells ours apart.
+    public let bundleIds: Set<String>
+
+    public init(bundleIds: Set<String>) {
+        self.bundleIds = bundleIds
+    }
+
+    /// The alias an App Store subscription (its original transaction id) is linked to a user under.
+    static func alias(ofOriginalTransaction id: String) -> String { "appstore:" + id }
+
+    /// The notification types that write; every other type is answered 2xx and ignored.
+    public static let handled: Set<String> = [
+        "SUBSCRIBED", "DID_RENEW", "DID_CHANGE_RENEWAL_STATUS", "DID_CHANGE_RENEWAL_PREF", "DID_FAIL_TO_RENEW",
+        "GRACE_PERIOD_EXPIRED", "EXPIRED", "REFUND", "REFUND_REVERSED", "REVOKE", "OFFER_REDEEMED", "PRICE_INCREASE",
+        "ONE_TIME_CHARGE",
+    ]
+
+    /// The signed parts of a handled notification, verified by the caller.
+    struct Signed: Sendable {
+        var transaction: EventJSON?
+        var renewal: EventJSON?
+    }
+
+    /// Checks what must hold before the signed parts are verified: the fields every
+    /// notification has, and that it is one of ours. Returns nil when the type is handled,
+    /// else the reason it is ignored.
+    func screen(_ notification: EventJSON) throws(IngestionRejection) -> String? {
+        guard let type = notification["notificationType"].string, notification["notificationUUID"].string != nil,
+            notification["signedDate"].int64 != nil
+        else {
+            throw IngestionRejection(.missingField, "not an App Store Server Notification V2: notificationType, notificationUUID and signedDate are required")
+        }
+        if let bundleId = notification["data"]["bundleId"].string, !self.bundleIds.contains(bundleId) {
+            throw IngestionRejection(.otherApp, "\(type): bundleId \(bundleId) is not one of --appstore-bundle-id (\(self.bundleIds.sorted().joined(separator: ", ")))")
+        }
+        guard Self.handled.contains(type) else {
+            return type == "TEST" ? "test" : "unhandled_type"
+        }
+        guard notification["data"]["bundleId"].string != nil else {
+            throw IngestionRejection(.missingField, "\(type): data.bundleId missing")
+        }
+        return nil
+    }
+
+    func plan(_ notification: EventJSON, _ signed: Signed, catalogContains: (String) -> Bool) throws -> StoreEventPlan {
+        let type = notification["notificationType"].string!
+        let subtype = notification["subtype"].string
+        let eventDate = notification["signedDate"].int64!
+        guard let transaction = signed.transaction else {
+            throw IngestionRejection(.missingField, "\(type): data.signedTransactionInfo missing")
+        }
+        guard let transactionId = transaction["transactionId"].string, let original = transaction["originalTransactionId"].string else {
+            throw IngestionRejection(.missingField, "\(type): transactionId and originalTransactionId are required in signedTransactionInfo")
+        }
+        if let bundleId = transaction["bundleId"].string, !self.bundleIds.contains(bundleId) {
+            throw IngestionRejection(.otherApp, "\(type): the transaction's bundleId \(bundleId) is not one of --appstore-bundle-id")
+        }
+        let what = "\(type) \(transactionId)"
+        let kind = transaction["type"].string
+        switch kind {
+        case "Auto-Renewable Subscription", "Non-Consumable":
+            break
+        case "Consumable":
+            return .ignore(reason: "consumable")  // used up, never an entitlement
+        default:
+            // Non-Renewing Subscription: Apple sends no expiration for it; the app's backend
+            // records it with the period it sells (docs/ingestion.md).
+            return .ignore(reason: "non_renewing_subscription")
+        }
+        guard let productId = transaction["productId"].string, let purchased = transaction["purchaseDate"].int64 else {
+            throw IngestionRejection(.missingField, "\(what): productId and purchaseDate are required in signedTransactionInfo")
+        }
+        guard catalogContains(productId) else {
+            throw IngestionRetry(
+                .unknownProduct,
+                "\(what): product \(productId) is not in the catalog; add it, and Apple's retry will record it"
+            )
+        }
+
+        var record = Transaction(
+            originalTransactionId: original,
+            transactionId: transactionId,
+            store: .appstore,
+            productId: productId,
+            transactionDate: purchased,
+            revocationDate: transaction["revocationDate"].int64,
+            environment: Self.environment(transaction["environment"].string ?? notification["data"]["environment"].string),
+            ownershipType: transaction["inAppOwnershipType"].string == "FAMILY_SHARED" ? .familySharing : .owner
+        )
+        if kind == "Non-Consumable" {
+            record.type = .nonConsumablePurchase
+        } else {
+            guard let expires = transaction["expiresDate"].int64, expires > purchased else {
+                throw IngestionRejection(.missingField, "\(what): an auto-renewable subscription needs expiresDate after purchaseDate")
+            }
+            record.expirationDate = expires
+            record.type = Self.transactionType(transaction, isFirst: transactionId == original)
+            if transaction["offerType"].int64 == 3 {
+                record.offerCode = transaction["offerIdentifier"].string  // the offer code's reference name
+            }
+        }
+
+        var writes: [StoreWrite] = []
+        switch type {
+        case "REFUND_REVERSED":
+            // Apple sends the transaction as it now is, without its revocation.
+            writes.append(.transaction(record, keepRevocation: false))
+        default:
+            writes.append(.transaction(record, keepRevocation: record.revocationDate == nil))
+        }
+        if kind == "Auto-Renewable Subscription", let renewal = signed.renewal {
+            writes.append(.state(Self.state(renewal, original: original, type: type, subtype: subtype, eventDate: eventDate, lastExpiration: record.expirationDate)))
+        }
+        let identity: StoreIdentity
+        let alias = Self.alias(ofOriginalTransaction: original)
+        if let token = transaction["appAccountToken"].string, !token.isEmpty {
+            identity = .user(token.lowercased(), storeCustomer: alias)
+        } else {
+            identity = .storeCustomer(alias)
+        }
+        return .apply(identity: identity, writes: writes)
+    }
+
+    /// The renewal state of `signedRenewalInfo`.
+    private static func state(_ renewal: EventJSON, original: String, type: String, subtype: String?, eventDate: Int64, lastExpiration: Int64?) -> SubscriptionState {
+        var state = SubscriptionState(store: .appstore, originalTransactionId: original)
+        state.eventDate = eventDate
+        let renews = renewal["autoRenewStatus"].int64 == 1
+        state.autoRenewEnabled = renews
+        if !renews, type == "DID_CHANGE_RENEWAL_STATUS", subtype == "AUTO_RENEW_DISABLED" {
+            // The only notification that says when; the write rules keep the date while
+            // later states still say auto-renew is off.
+            state.autoRenewDisabledDate = eventDate
+        }
+        let retrying = renewal["isInBillingRetryPeriod"].bool == true
+        state.isInBillingRetry = retrying
+        if let grace = renewal["gracePeriodExpiresDate"].int64, retrying || type == "GRACE_PERIOD_EXPIRED" {
+            state.gracePeriodExpirationDate = grace
+        }
+        if retrying || type == "DID_FAIL_TO_RENEW" || type == "GRACE_PERIOD_EXPIRED" {
+            // The renewal failed when the last period ended.
+            state.billingIssueDetectedDate = lastExpiration
+        }
+        return state
+    }
+
+    /// What the transaction is: a free trial or an introductory offer (offerType 1), else
+    /// the first period of the chain or a renewal.
+    private static func transactionType(_ transaction: EventJSON, isFirst: Bool) -> TransactionType {
+        let purchase = transaction["transactionReason"].string.map { $0 == "PURCHASE" } ?? isFirst
+        if transaction["offerType"].int64 == 1 {
+            if transaction["offerDiscountType"].string == "FREE_TRIAL" {
+                return .trialStarted
+            }
+            return purchase ? .introStarted : .introRenewed
+        }
+        return purchase ? .subscriptionStarted : .subscriptionRenewed
+    }
+
+    /// Apple's `environment`: Production, or a test one (Sandbox, Xcode, LocalTesting).
+    private static func environment(_ value: String?) -> Environment {
+        value == "Production" ? .production : .sandbox
+    }
+}

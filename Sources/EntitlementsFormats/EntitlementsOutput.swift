@@ -49,6 +49,12 @@ public enum EntitlementsOutput {
             ("periodType", .name(entitlement.periodType)),
             ("gracePeriodExpirationDate", .date(entitlement.gracePeriodExpirationDate)),
             ("billingIssueDetectedDate", .date(entitlement.billingIssueDetectedDate)),
+            ("cancellationReason", .name(entitlement.cancellationReason)),
+            ("priceMicros", entitlement.priceMicros.map { .int($0) } ?? .null),
+            ("currency", .string(entitlement.currency)),
+            ("priceConsentStatus", .name(entitlement.priceConsentStatus)),
+            ("interval", .name(entitlement.interval)),
+            ("status", .name(entitlement.status)),
         ])
     }
 
@@ -65,6 +71,8 @@ public enum EntitlementsOutput {
             ("environment", .name(transaction.environment)),
             ("ownershipType", .name(transaction.ownershipType)),
             ("type", .name(transaction.type)),
+            ("priceMicros", transaction.priceMicros.map { .int($0) } ?? .null),
+            ("currency", .string(transaction.currency)),
         ])
     }
 
@@ -145,6 +153,30 @@ public enum EntitlementsOutput {
         return "\(when) \(event.customerId ?? "?") [\(cause)] \(changes)"
     }
 
+    /// The STATUS cell: the status, with the cancellation reason and a price consent when
+    /// known (`canceled (customer)`, `active (price notified)`); `-` when unknown.
+    static func status(_ entitlement: Entitlement) -> String {
+        let notes = [entitlement.cancellationReason.jsonName, entitlement.priceConsentStatus.jsonName.map { "price " + $0 }].compactMap { $0 }
+        let status = entitlement.status.jsonName ?? (notes.isEmpty ? "-" : "")
+        return notes.isEmpty ? status : status + (status.isEmpty ? "" : " ") + "(" + notes.joined(separator: ", ") + ")"
+    }
+
+    /// The PRICE cell: `9.99 USD/monthly`; `-` when unknown.
+    static func price(_ entitlement: Entitlement) -> String {
+        guard let micros = entitlement.priceMicros else {
+            return "-"
+        }
+        let sign = micros < 0 ? "-" : ""
+        let magnitude = micros.magnitude
+        var fraction = String(magnitude % 1_000_000)
+        fraction = String(repeating: "0", count: 6 - fraction.count) + fraction
+        while fraction.count > 2, fraction.hasSuffix("0") {
+            fraction.removeLast()
+        }
+        let amount = "\(sign)\(magnitude / 1_000_000).\(fraction)"
+        return amount + (entitlement.currency.map { " " + $0 } ?? "") + (entitlement.interval.jsonName.map { "/" + $0 } ?? "")
+    }
+
     /// A table for people: one row per entitlement, then when the answer can change.
     public static func table(_ response: CheckEntitlementsResponse) -> String {
         var lines: [String] = []
@@ -154,7 +186,7 @@ public enum EntitlementsOutput {
         if response.entitlements.isEmpty {
             lines.append("no entitlements")
         } else {
-            var rows = [["ENTITLEMENT", "ACTIVE", "SOURCE", "PRODUCT", "EXPIRES", "RENEW STATE"]]
+            var rows = [["ENTITLEMENT", "ACTIVE", "SOURCE", "PRODUCT", "EXPIRES", "RENEW STATE", "STATUS", "PRICE"]]
             for entitlement in response.entitlements {
                 var active = entitlement.isActive ? "yes" : "no"
                 if entitlement.isInGracePeriod { active += " (grace)" }
@@ -166,6 +198,8 @@ public enum EntitlementsOutput {
                     entitlement.productId ?? "-",
                     entitlement.expirationDate.map(RFC3339.format) ?? "never",
                     entitlement.renewState.jsonName ?? "-",
+                    Self.status(entitlement),
+                    Self.price(entitlement),
                 ])
             }
             let widths = rows[0].indices.map { column in rows.map { $0[column].count }.max() ?? 0 }

@@ -171,6 +171,8 @@ private struct TransactionJSON: Decodable {
     var environment: JSONName<Environment>?
     var ownershipType: JSONName<OwnershipType>?
     var offerCode: String?
+    var priceMicros: Int64?
+    var currency: String?
 }
 
 private struct SubscriptionJSON: Decodable {
@@ -181,6 +183,8 @@ private struct SubscriptionJSON: Decodable {
     var billingIssueDetectedDate: JSONDate?
     var gracePeriodExpirationDate: JSONDate?
     var isInBillingRetry: Bool?
+    var cancellationReason: JSONName<CancellationReason>?
+    var priceConsentStatus: JSONName<PriceConsentStatus>?
 }
 
 private struct GrantJSON: Decodable {
@@ -300,7 +304,9 @@ extension CustomerJSON {
                     autoRenewDisabledDate: json.autoRenewDisabledDate?.milliseconds,
                     billingIssueDetectedDate: json.billingIssueDetectedDate?.milliseconds,
                     gracePeriodExpirationDate: json.gracePeriodExpirationDate?.milliseconds,
-                    isInBillingRetry: json.isInBillingRetry ?? false
+                    isInBillingRetry: json.isInBillingRetry ?? false,
+                    cancellationReason: json.cancellationReason?.value ?? .unspecified,
+                    priceConsentStatus: json.priceConsentStatus?.value ?? .unspecified
                 )
             )
         }
@@ -344,6 +350,19 @@ extension TransactionJSON {
         if let offerCode = self.offerCode {
             try checkText(offerCode, path + ".offerCode")
         }
+        switch (self.priceMicros, self.currency) {
+        case (nil, nil):
+            break
+        case (let micros?, let currency?):
+            if micros < 0 {
+                throw FieldError(field: path + ".priceMicros", reason: "must not be negative")
+            }
+            if currency.utf8.count != 3 || !currency.utf8.allSatisfy({ (0x41...0x5A).contains($0) }) {
+                throw FieldError(field: path + ".currency", reason: "must be an ISO 4217 code in upper case, such as \"USD\"")
+            }
+        default:
+            throw FieldError(field: path + (self.currency == nil ? ".currency" : ".priceMicros"), reason: "priceMicros and currency go together")
+        }
         if self.type.value == .nonConsumablePurchase {
             if self.expirationDate != nil {
                 throw FieldError(field: path + ".expirationDate", reason: "must be null for a nonConsumablePurchase")
@@ -367,7 +386,9 @@ extension TransactionJSON {
             revocationDate: self.revocationDate?.milliseconds,
             environment: self.environment?.value ?? .production,
             ownershipType: self.ownershipType?.value ?? .owner,
-            type: self.type.value
+            type: self.type.value,
+            priceMicros: self.priceMicros,
+            currency: self.currency
         )
     }
 }

@@ -41,6 +41,8 @@ extension CustomersFile {
                     ("environment", .name(transaction.environment)),
                     ("ownershipType", .name(transaction.ownershipType)),
                     ("offerCode", .string(transaction.offerCode)),
+                    ("priceMicros", transaction.priceMicros.map { .int($0) } ?? .null),
+                    ("currency", .string(transaction.currency)),
                 ])
             })),
             ("subscriptions", .array(record.subscriptions.map { state in
@@ -52,6 +54,8 @@ extension CustomersFile {
                     ("billingIssueDetectedDate", .date(state.billingIssueDetectedDate)),
                     ("gracePeriodExpirationDate", .date(state.gracePeriodExpirationDate)),
                     ("isInBillingRetry", .bool(state.isInBillingRetry)),
+                    ("cancellationReason", .name(state.cancellationReason)),
+                    ("priceConsentStatus", .name(state.priceConsentStatus)),
                 ])
             })),
             ("grants", .array(record.grants.map { grant in

@@ -100,6 +100,45 @@ extension PeriodType: JSONNamedEnum {
     }
 }
 
+extension CancellationReason: JSONNamedEnum {
+    public var jsonName: String? {
+        switch self {
+        case .unspecified: nil
+        case .customer: "customer"
+        case .billingError: "billingError"
+        case .developer: "developer"
+        case .priceIncrease: "priceIncrease"
+        case .productUnavailable: "productUnavailable"
+        case .replaced: "replaced"
+        case .unknown: "unknown"
+        }
+    }
+}
+
+extension PriceConsentStatus: JSONNamedEnum {
+    public var jsonName: String? {
+        switch self {
+        case .unspecified: nil
+        case .notified: "notified"
+        case .agreed: "agreed"
+        }
+    }
+}
+
+/// The one exception to lower camel case: `past_due`, as Stripe and the subscription
+/// views this field comes from spell it.
+extension SubscriptionStatus: JSONNamedEnum {
+    public var jsonName: String? {
+        switch self {
+        case .unspecified: nil
+        case .active: "active"
+        case .trialing: "trialing"
+        case .pastDue: "past_due"
+        case .canceled: "canceled"
+        }
+    }
+}
+
 extension ProductType: JSONNamedEnum {
     public var jsonName: String? {
         switch self {

@@ -59,6 +59,10 @@ enum StoreIdentity: Sendable, Hashable {
     case user(String, storeCustomer: String?)
     /// Only the store's customer, as the alias a user was linked to (`stripe:cus_...`).
     case storeCustomer(String)
+    /// An App Store `appAccountToken` (lower case, as Apple sends it) and the chain's alias
+    /// (`appstore:ORIGINAL_ID`): the customer the token names (as given, or in upper case),
+    /// else the one the chain is linked to, else a new customer under the token.
+    case accountToken(String, chainAlias: String)
 }
 
 /// One write an event makes, before its customer is known.

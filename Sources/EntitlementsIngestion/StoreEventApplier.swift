@@ -37,6 +37,20 @@ struct StoreEventApplier: Sendable {
             if let storeCustomer {
                 planned.insert(.linkStoreCustomer(alias: storeCustomer), at: 0)
             }
+        case .accountToken(let token, let alias):
+            var named = try self.record(token, context)?.id
+            if named == nil {
+                named = try self.record(token.uppercased(), context)?.id
+            }
+            if let id = named {
+                user = id
+                planned.insert(.linkStoreCustomer(alias: alias), at: 0)
+            } else if let id = try self.record(alias, context)?.id {
+                user = id  // a token nobody linked, on a chain we know: no new customer
+            } else {
+                user = token
+                planned.insert(.linkStoreCustomer(alias: alias), at: 0)
+            }
         case .storeCustomer(let alias):
             guard let record = try self.record(alias, context), let id = record.id else {
                 throw IngestionRetry(
@@ -80,7 +94,13 @@ struct StoreEventApplier: Sendable {
                 comparable.revocationDate = transaction.revocationDate
                 if comparable != transaction {
                     // Recorded with other values (the write rules let only a revocation
-                    // change): the stored period stays, the rest of the event applies.
+                    // change): the stored period stays, the rest of the event applies, and
+                    // so does a refund or its reversal.
+                    if !keepRevocation, stored.revocationDate != transaction.revocationDate {
+                        var revised = stored
+                        revised.revocationDate = transaction.revocationDate
+                        return [.recordTransaction(RecordTransactionRequest(userId: user, transaction: revised))]
+                    }
                     skipped = "transaction_changed"
                     return []
                 }

@@ -123,7 +123,7 @@ public struct EntitlementResolver: Sendable {
 
         // Rule 7: one entry per entitlement with a candidate, sorted by id.
         best.sort { $0.entitlementId < $1.entitlementId }
-        let entitlements = best.map { $0.candidate.entitlement(id: $0.entitlementId, at: instant) }
+        let entitlements = best.map { $0.candidate.entitlement(id: $0.entitlementId, at: instant, catalog: self.catalog) }
         return Resolution(entitlements: entitlements, validUntil: evaluation.validUntil)
     }
 
@@ -303,10 +303,10 @@ private struct Candidate {
         return self.store.rawValue < other.store.rawValue
     }
 
-    func entitlement(id: String, at instant: Int64) -> Entitlement {
+    func entitlement(id: String, at instant: Int64, catalog: ProductCatalog) -> Entitlement {
         switch self.origin {
         case .chain(let chain):
-            return Self.entitlement(id: id, chain: chain, at: instant)
+            return Self.entitlement(id: id, chain: chain, at: instant, period: catalog.period(of: chain.current.productId))
         case .grant(let grant):
             // Rule 10.
             return Entitlement(
@@ -322,8 +322,8 @@ private struct Candidate {
         }
     }
 
-    /// Rules 8 and 9: the fields a winning chain supplies.
-    private static func entitlement(id: String, chain: Chain, at instant: Int64) -> Entitlement {
+    /// Rules 8, 9 and 13: the fields a winning chain supplies.
+    private static func entitlement(id: String, chain: Chain, at instant: Int64, period: SubscriptionPeriod) -> Entitlement {
         let current = chain.current
         let transactions = chain.members.map { chain.all[$0] }
         var paidCount = 0
@@ -361,6 +361,18 @@ private struct Candidate {
         case .introStarted, .introRenewed: periodType = .intro
         default: periodType = .normal
         }
+        let isInGracePeriod = chain.isActive && current.expirationDate.map { instant >= $0 } ?? false
+        // Rule 13.
+        let status: SubscriptionStatus
+        if current.type == .nonConsumablePurchase || current.expirationDate == nil {
+            status = .unspecified
+        } else if renewState == .billingIssue, !chain.isRevoked, chain.isActive || chain.state?.isInBillingRetry == true {
+            status = .pastDue
+        } else if !chain.isActive {
+            status = .canceled
+        } else {
+            status = periodType == .trial ? .trialing : .active
+        }
         return Entitlement(
             id: id,
             isActive: chain.isActive,
@@ -378,13 +390,19 @@ private struct Candidate {
             lastActivatedOfferCode: lastActivatedOfferCode,
             transactions: transactions,
             willRenew: renewState == .willRenew,
-            isInGracePeriod: chain.isActive && current.expirationDate.map { instant >= $0 } ?? false,
+            isInGracePeriod: isInGracePeriod,
             isInBillingRetry: (chain.state?.isInBillingRetry ?? false) && renewState == .billingIssue,
             isRevoked: chain.isRevoked,
             ownershipType: ownershipType,
             periodType: periodType,
             gracePeriodExpirationDate: chain.state?.gracePeriodExpirationDate,
-            billingIssueDetectedDate: chain.state?.billingIssueDetectedDate
+            billingIssueDetectedDate: chain.state?.billingIssueDetectedDate,
+            cancellationReason: chain.state?.cancellationReason ?? .unspecified,
+            priceMicros: current.priceMicros,
+            currency: current.currency,
+            priceConsentStatus: chain.state?.priceConsentStatus ?? .unspecified,
+            interval: period,
+            status: status
         )
     }
 }

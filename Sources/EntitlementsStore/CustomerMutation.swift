@@ -178,6 +178,24 @@ public struct CustomerMutation {
         }
     }
 
+    /// price_micros and currency go together: a non-negative amount and an ISO 4217 code in
+    /// upper case.
+    private static func checkPrice(_ transaction: Transaction) throws {
+        switch (transaction.priceMicros, transaction.currency) {
+        case (nil, nil):
+            return
+        case (let micros?, let currency?):
+            guard micros >= 0 else {
+                throw WriteRefusal(.invalidArgument, "transaction.price_micros: must not be negative, got \(micros)")
+            }
+            guard currency.utf8.count == 3, currency.utf8.allSatisfy({ (0x41...0x5A).contains($0) }) else {
+                throw WriteRefusal(.invalidArgument, "transaction.currency: must be an ISO 4217 code in upper case, such as \"USD\"; got \"\(currency)\"")
+            }
+        default:
+            throw WriteRefusal(.invalidArgument, "transaction.price_micros and transaction.currency go together: give both, or neither")
+        }
+    }
+
     private func recordTransaction(_ request: RecordTransactionRequest) throws -> WriteEffect {
         let userId = try Self.id(request.userId, "user_id")
         guard var transaction = request.transaction else {
@@ -206,6 +224,7 @@ public struct CustomerMutation {
             }
         } else {
             try Self.checkTypeAndExpiration(transaction, purchased: purchased)
+            try Self.checkPrice(transaction)
         }
         if transaction.environment == .unspecified {
             transaction.environment = .production
@@ -268,7 +287,9 @@ public struct CustomerMutation {
         }
         // Auto-renew still off: it went off when the stored state says (a store that dates
         // only the change, as the App Store does, sends later states without the date).
-        if state.autoRenewEnabled == false, state.autoRenewDisabledDate == nil, let stored, stored.autoRenewEnabled == false {
+        // Only for dated states (event_date), so manual writes and older logs replay as
+        // they were applied.
+        if state.eventDate != nil, state.autoRenewEnabled == false, state.autoRenewDisabledDate == nil, let stored, stored.autoRenewEnabled == false {
             state.autoRenewDisabledDate = stored.autoRenewDisabledDate
         }
         var logged = request
@@ -277,14 +298,21 @@ public struct CustomerMutation {
         var effect = WriteEffect(customerId: customerId, created: created, logged: .updateSubscriptionState(logged))
         if let incoming = state.eventDate, let storedDate = stored?.eventDate, incoming < storedDate {
             // An older event delivered late: the newer state stays. One thing it may still
-            // learn: when auto-renew went off, if it is off in both and the older state is
-            // the later to say so (the order of delivery then does not matter).
-            if var newer = stored, newer.autoRenewEnabled == false, state.autoRenewEnabled == false, let date = state.autoRenewDisabledDate,
-                date > newer.autoRenewDisabledDate ?? .min
-            {
-                newer.autoRenewDisabledDate = date
-                _ = Self.upsert(newer, into: &record.subscriptions, matching: matching)
-                effect.records[customerId] = record
+            // correct: when auto-renew went off, while it is off in the newer state. An older
+            // state that turned it off later than the stored date gives its date; one that
+            // turned it back on after the stored date clears it (that was not the last time
+            // it went off).
+            if var newer = stored, newer.autoRenewEnabled == false {
+                let before = newer.autoRenewDisabledDate
+                if state.autoRenewEnabled == false, let date = state.autoRenewDisabledDate, date > before ?? .min {
+                    newer.autoRenewDisabledDate = date
+                } else if state.autoRenewEnabled == true, let date = before, incoming > date {
+                    newer.autoRenewDisabledDate = nil
+                }
+                if newer.autoRenewDisabledDate != before {
+                    _ = Self.upsert(newer, into: &record.subscriptions, matching: matching)
+                    effect.records[customerId] = record
+                }
             }
             return effect
         }
@@ -462,6 +490,8 @@ public struct CustomerMutation {
         if a.environment != b.environment { fields.append("environment") }
         if a.ownershipType != b.ownershipType { fields.append("ownership_type") }
         if a.type != b.type { fields.append("type") }
+        if a.priceMicros != b.priceMicros { fields.append("price_micros") }
+        if a.currency != b.currency { fields.append("currency") }
         return fields.joined(separator: ", ")
     }
 }

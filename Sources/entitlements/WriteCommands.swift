@@ -84,6 +84,8 @@ struct RecordTransactionCommand: WriteCommand {
     @Option(help: "production or sandbox.") var environment: String = "production"
     @Option(help: "subscriptionStarted, subscriptionRenewed, trialStarted, introStarted, introRenewed or nonConsumablePurchase.") var type: String
     @Option(help: "The offer code redeemed.") var offerCode: String?
+    @Option(help: "What was paid for the period, in millionths of --currency (9.99 is 9990000).") var priceMicros: Int64?
+    @Option(help: "The price's currency, ISO 4217 in upper case (USD); with --price-micros.") var currency: String?
     @Flag(help: "Print JSON.") var json = false
     var method: MethodID { .recordTransaction }
 
@@ -102,7 +104,9 @@ struct RecordTransactionCommand: WriteCommand {
                 expirationDate: try date(self.expires, "--expires"),
                 revocationDate: try date(self.revoked, "--revoked"),
                 environment: try named(self.environment, "--environment", as: Environment.self),
-                type: try named(self.type, "--type", as: TransactionType.self)
+                type: try named(self.type, "--type", as: TransactionType.self),
+                priceMicros: self.priceMicros,
+                currency: self.currency
             )
         )
     }
@@ -122,6 +126,8 @@ struct UpdateSubscriptionCommand: WriteCommand {
     @Option(help: "When the store found a billing issue, RFC 3339.") var billingIssue: String?
     @Option(help: "When the grace period ends, RFC 3339.") var gracePeriodExpires: String?
     @Flag(help: "The store is retrying the payment.") var billingRetry = false
+    @Option(help: "Why it stopped renewing: customer, billingError, developer, priceIncrease, productUnavailable, replaced or unknown.") var cancellationReason: String?
+    @Option(help: "The answer to a price increase: notified or agreed.") var priceConsent: String?
     @Flag(help: "Print JSON.") var json = false
     var method: MethodID { .updateSubscriptionState }
 
@@ -137,7 +143,9 @@ struct UpdateSubscriptionCommand: WriteCommand {
                 autoRenewDisabledDate: try date(self.autoRenewDisabled, "--auto-renew-disabled"),
                 billingIssueDetectedDate: try date(self.billingIssue, "--billing-issue"),
                 gracePeriodExpirationDate: try date(self.gracePeriodExpires, "--grace-period-expires"),
-                isInBillingRetry: self.billingRetry
+                isInBillingRetry: self.billingRetry,
+                cancellationReason: try self.cancellationReason.map { try named($0, "--cancellation-reason", as: CancellationReason.self) } ?? .unspecified,
+                priceConsentStatus: try self.priceConsent.map { try named($0, "--price-consent", as: PriceConsentStatus.self) } ?? .unspecified
             )
         )
     }

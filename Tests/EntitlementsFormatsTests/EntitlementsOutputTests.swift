@@ -33,7 +33,7 @@ struct EntitlementsOutputTests {
     func compactJSON() {
         #expect(
             EntitlementsOutput.json(Self.response, pretty: false)
-                == #"{"requestDate":"2026-01-31T12:00:00.000Z","validUntil":null,"entitlements":{"premium":{"id":"premium","isActive":true,"source":"playstore","startedDate":"2026-01-31T12:00:00.123Z","trialStartDate":null,"firstPurchaseDate":null,"lastPurchaseDate":null,"autoRenewDisableDate":null,"expirationDate":null,"productId":"p","renewState":"willRenew","renewsCount":3,"grantType":"purchase","lastActivatedOfferCode":"Q\"\\\n\u0001","transactions":[{"originalTransactionId":null,"transactionId":"t","store":"playstore","productId":null,"offerCode":null,"transactionDate":"1970-01-01T00:00:00.000Z","expirationDate":null,"revocationDate":null,"environment":null,"ownershipType":null,"type":"subscriptionRenewed"}],"willRenew":true,"isInGracePeriod":false,"isInBillingRetry":false,"isRevoked":false,"ownershipType":"owner","periodType":"normal","gracePeriodExpirationDate":null,"billingIssueDetectedDate":null}}}"#
+                == #"{"requestDate":"2026-01-31T12:00:00.000Z","validUntil":null,"entitlements":{"premium":{"id":"premium","isActive":true,"source":"playstore","startedDate":"2026-01-31T12:00:00.123Z","trialStartDate":null,"firstPurchaseDate":null,"lastPurchaseDate":null,"autoRenewDisableDate":null,"expirationDate":null,"productId":"p","renewState":"willRenew","renewsCount":3,"grantType":"purchase","lastActivatedOfferCode":"Q\"\\\n\u0001","transactions":[{"originalTransactionId":null,"transactionId":"t","store":"playstore","productId":null,"offerCode":null,"transactionDate":"1970-01-01T00:00:00.000Z","expirationDate":null,"revocationDate":null,"environment":null,"ownershipType":null,"type":"subscriptionRenewed","priceMicros":null,"currency":null}],"willRenew":true,"isInGracePeriod":false,"isInBillingRetry":false,"isRevoked":false,"ownershipType":"owner","periodType":"normal","gracePeriodExpirationDate":null,"billingIssueDetectedDate":null,"cancellationReason":null,"priceMicros":null,"currency":null,"priceConsentStatus":null,"interval":null,"status":null}}}"#
         )
     }
 
@@ -68,11 +68,29 @@ struct EntitlementsOutputTests {
             EntitlementsOutput.table(Self.response)
                 == """
                 $anon:abc (customer user-1) at 2026-01-31T12:00:00.000Z
-                ENTITLEMENT  ACTIVE  SOURCE     PRODUCT  EXPIRES  RENEW STATE
-                premium      yes     playstore  p        never    willRenew
+                ENTITLEMENT  ACTIVE  SOURCE     PRODUCT  EXPIRES  RENEW STATE  STATUS  PRICE
+                premium      yes     playstore  p        never    willRenew    -       -
                 valid until further notice (no pending change)
                 """
         )
+    }
+
+    @Test("the table's STATUS and PRICE: status with the cancellation reason and price consent, the price in its currency per interval")
+    func statusAndPrice() {
+        var canceled = Entitlement(cancellationReason: .customer, priceMicros: 9_990_000, currency: "USD", interval: .monthly, status: .canceled)
+        #expect(EntitlementsOutput.status(canceled) == "canceled (customer)")
+        #expect(EntitlementsOutput.price(canceled) == "9.99 USD/monthly")
+        canceled.priceMicros = 500_000_000
+        canceled.currency = "JPY"
+        canceled.interval = .unspecified
+        #expect(EntitlementsOutput.price(canceled) == "500.00 JPY")
+        canceled.priceMicros = 1_234_567
+        #expect(EntitlementsOutput.price(canceled) == "1.234567 JPY")
+        let consenting = Entitlement(priceConsentStatus: .agreed, status: .active)
+        #expect(EntitlementsOutput.status(consenting) == "active (price agreed)")
+        #expect(EntitlementsOutput.price(consenting) == "-")
+        #expect(EntitlementsOutput.status(Entitlement()) == "-")
+        #expect(EntitlementsOutput.json(Entitlement(priceMicros: 9_990_000, currency: "USD", status: .pastDue)).serialized(pretty: false).contains(#""priceMicros":9990000,"currency":"USD","priceConsentStatus":null,"interval":null,"status":"past_due""#))
     }
 
     @Test("every enum value has a JSON name that reads back, except unspecified ones")
@@ -94,5 +112,8 @@ struct EntitlementsOutputTests {
         check(PeriodType.self)
         check(ProductType.self)
         check(SubscriptionPeriod.self)
+        check(CancellationReason.self)
+        check(PriceConsentStatus.self)
+        check(SubscriptionStatus.self)
     }
 }

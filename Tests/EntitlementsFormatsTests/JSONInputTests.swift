@@ -22,7 +22,7 @@ struct CustomerLineTests {
 
     @Test("a full line converts every field")
     func fullLine() throws {
-        let text = #"{"id":"user-1","aliases":["$anon:abc"],"transactions":[{"store":"playstore","productId":"p","transactionId":"GPA.2","originalTransactionId":"GPA.1","type":"introRenewed","transactionDate":"2026-01-01T00:00:00.250Z","expirationDate":"2026-02-01T00:00:00Z","revocationDate":"2026-01-15T00:00:00Z","environment":"sandbox","ownershipType":"familySharing","offerCode":"X"}],"subscriptions":[{"store":"playstore","originalTransactionId":"GPA.1","autoRenewEnabled":false,"autoRenewDisabledDate":"2026-01-02T00:00:00Z","billingIssueDetectedDate":"2026-01-03T00:00:00Z","gracePeriodExpirationDate":"2026-01-04T00:00:00Z","isInBillingRetry":true}],"grants":[{"grantId":"g","entitlementId":"pro","grantedDate":"2026-01-05T00:00:00Z","expirationDate":"2026-01-06T00:00:00Z","revokedDate":"2026-01-07T00:00:00Z","reason":"r"}]}"#
+        let text = #"{"id":"user-1","aliases":["$anon:abc"],"transactions":[{"store":"playstore","productId":"p","transactionId":"GPA.2","originalTransactionId":"GPA.1","type":"introRenewed","transactionDate":"2026-01-01T00:00:00.250Z","expirationDate":"2026-02-01T00:00:00Z","revocationDate":"2026-01-15T00:00:00Z","environment":"sandbox","ownershipType":"familySharing","offerCode":"X","priceMicros":4990000,"currency":"EUR"}],"subscriptions":[{"store":"playstore","originalTransactionId":"GPA.1","autoRenewEnabled":false,"autoRenewDisabledDate":"2026-01-02T00:00:00Z","billingIssueDetectedDate":"2026-01-03T00:00:00Z","gracePeriodExpirationDate":"2026-01-04T00:00:00Z","isInBillingRetry":true,"cancellationReason":"priceIncrease","priceConsentStatus":"notified"}],"grants":[{"grantId":"g","entitlementId":"pro","grantedDate":"2026-01-05T00:00:00Z","expirationDate":"2026-01-06T00:00:00Z","revokedDate":"2026-01-07T00:00:00Z","reason":"r"}]}"#
         let record = try CustomersFile.parseLine(Array(text.utf8))
         let jan = { (day: Int64) in 1_767_225_600_000 + (day - 1) * 86_400_000 }
         #expect(
@@ -34,14 +34,16 @@ struct CustomerLineTests {
                         Transaction(
                             originalTransactionId: "GPA.1", transactionId: "GPA.2", store: .playstore, productId: "p",
                             offerCode: "X", transactionDate: jan(1) + 250, expirationDate: 1_769_904_000_000,
-                            revocationDate: jan(15), environment: .sandbox, ownershipType: .familySharing, type: .introRenewed
+                            revocationDate: jan(15), environment: .sandbox, ownershipType: .familySharing, type: .introRenewed,
+                            priceMicros: 4_990_000, currency: "EUR"
                         )
                     ],
                     subscriptions: [
                         SubscriptionState(
                             store: .playstore, originalTransactionId: "GPA.1", autoRenewEnabled: false,
                             autoRenewDisabledDate: jan(2), billingIssueDetectedDate: jan(3),
-                            gracePeriodExpirationDate: jan(4), isInBillingRetry: true
+                            gracePeriodExpirationDate: jan(4), isInBillingRetry: true,
+                            cancellationReason: .priceIncrease, priceConsentStatus: .notified
                         )
                     ],
                     grants: [
@@ -91,6 +93,9 @@ struct CustomerLineTests {
         (line(transactions: [validTransaction, validTransaction]),
          "transactions[1].transactionId: duplicate transaction \"1\" in appstore (first at transactions[0])"),
         (line(transactions: [#"{"store":"appstore"}"#]), "transactions[0].productId: missing"),
+        (line(transactions: [transaction(replacing: "currency", with: #""usd""#).replacingOccurrences(of: "}", with: #","priceMicros":990000}"#)]),
+         #"transactions[0].currency: must be an ISO 4217 code in upper case, such as "USD""#),
+        (line(transactions: [transaction(replacing: "priceMicros", with: "990000")]), "transactions[0].currency: priceMicros and currency go together"),
         (#"{"id":"u","transactions":{}}"#, "transactions: expected an array"),
         (#"{"id":"u","subscriptions":[{"store":"appstore","originalTransactionId":"1"}]}"#,
          "subscriptions[0].autoRenewEnabled: missing"),

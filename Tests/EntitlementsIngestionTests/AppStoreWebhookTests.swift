@@ -40,14 +40,17 @@ struct AppStoreWebhookTests {
         let a = self.apple
         _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: "bob", transaction: Transaction(
             originalTransactionId: "2000", transactionId: "2000", store: .appstore, productId: A.monthly, transactionDate: a.base - 40 * A.day,
-            expirationDate: a.base - 10 * A.day, environment: .sandbox, ownershipType: .owner, type: .trialStarted
+            expirationDate: a.base - 10 * A.day, environment: .sandbox, ownershipType: .owner, type: .trialStarted,
+            priceMicros: 9_990_000, currency: "USD"
         ))))
         _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: "bob", transaction: Transaction(
             originalTransactionId: "2000", transactionId: "2000-2", store: .appstore, productId: A.monthly, transactionDate: a.base - 10 * A.day,
-            expirationDate: a.base + 20 * A.day, environment: .sandbox, ownershipType: .owner, type: .subscriptionRenewed
+            expirationDate: a.base + 20 * A.day, environment: .sandbox, ownershipType: .owner, type: .subscriptionRenewed,
+            priceMicros: 9_990_000, currency: "USD"
         ))))
         _ = try await fixture.write(.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "bob", state: SubscriptionState(
-            store: .appstore, originalTransactionId: "2000", autoRenewEnabled: false, autoRenewDisabledDate: a.signedDate(2), isInBillingRetry: false
+            store: .appstore, originalTransactionId: "2000", autoRenewEnabled: false, autoRenewDisabledDate: a.signedDate(2), isInBillingRetry: false,
+            cancellationReason: .customer
         ))))
         let user = "6a0f2c4e-0000-4000-8000-00000000a11c"
         for (instant, active) in [(a.base, true), (a.base + 21 * A.day, false)] {
@@ -74,6 +77,7 @@ struct AppStoreWebhookTests {
         let notification: String
         var expected = "changed"
         var check: (CustomerRecord?) -> Void = { _ in }
+        var afterPrior: (CustomerRecord?) -> Void = { _ in }
         switch name {
         case "SUBSCRIBED with an intro offer":
             prior = []
@@ -102,7 +106,10 @@ struct AppStoreWebhookTests {
         case "DID_CHANGE_RENEWAL_PREF":
             let upgraded = a.transaction("3001", original: "3000", token: token, purchased: -1, reason: "PURCHASE")
             notification = try a.notification("DID_CHANGE_RENEWAL_PREF", subtype: "UPGRADE", uuid: "n", at: 1, transaction: upgraded, renewal: a.renewal(original: "3000", renews: true))
-            check = { record in #expect(record?.transactions.last?.type == .subscriptionStarted) }
+            check = { record in
+                #expect(record?.transactions.map(\.transactionId) == ["3000", "3001"])
+                #expect(record?.transactions.last?.type == .subscriptionStarted)
+            }
         case "DID_FAIL_TO_RENEW with grace", "DID_FAIL_TO_RENEW without grace":
             let grace: Int64? = name.hasSuffix("with grace") ? 26 : nil
             notification = try a.notification(
@@ -139,6 +146,7 @@ struct AppStoreWebhookTests {
         case "REFUND_REVERSED":
             let refunded = a.transaction("3000", original: "3000", token: token, purchased: -10, revoked: -2)
             prior.append(try a.notification("REFUND", uuid: "r", at: 1, transaction: refunded, renewal: nil))
+            afterPrior = { record in #expect(record?.transactions.first?.revocationDate == a.base - 2 * A.day) }
             notification = try a.notification("REFUND_REVERSED", uuid: "n", at: 2, transaction: bought, renewal: a.renewal(original: "3000", renews: true))
             check = { record in #expect(record?.transactions.first?.revocationDate == nil) }
         case "OFFER_REDEEMED":
@@ -176,6 +184,7 @@ struct AppStoreWebhookTests {
             let answer = await fixture.deliverAppStore(earlier)
             #expect(answer.status == 200, "\(answer.body)")
         }
+        afterPrior(try fixture.record(token))
         let answer = await fixture.deliverAppStore(notification)
         #expect(answer.status == 200, "\(answer.body)")
         switch expected {
@@ -238,7 +247,19 @@ struct AppStoreWebhookTests {
                 continue
             }
             // The same in every order but for the chain's ids, which differ per customer.
-            let final = "\(record.transactions) \(record.subscriptions)".replacingOccurrences(of: "\(7000 + n)", with: "ORIGINAL")
+            let original = "\(7000 + n)"
+            let transactions = record.transactions.map { transaction in
+                var transaction = transaction
+                transaction.originalTransactionId = "ORIGINAL"
+                transaction.transactionId = transaction.transactionId.map { $0 == original ? "ORIGINAL" : "RENEWAL" }
+                return transaction
+            }
+            let subscriptions = record.subscriptions.map { state in
+                var state = state
+                state.originalTransactionId = "ORIGINAL"
+                return state
+            }
+            let final = "\(transactions) \(subscriptions)"
             states[final, default: []].append(n)
         }
         #expect(states.count == 1, "\(states.keys.joined(separator: "\n"))")
@@ -247,6 +268,47 @@ struct AppStoreWebhookTests {
         #expect(record?.subscriptions.first?.autoRenewEnabled == false)
         #expect(record?.subscriptions.first?.autoRenewDisabledDate == a.signedDate(2))
         #expect(record?.subscriptions.first?.eventDate == a.signedDate(4))
+        try await fixture.stop()
+    }
+
+    @Test("a refund applies to a transaction recorded with another period; the stored period stays")
+    func refundOfChangedTransaction() async throws {
+        let fixture = try await self.fixture()
+        let a = self.apple
+        let token = "0c1d2e3f-0000-4000-8000-0000000000cc"
+        // Recorded by the app's backend with a period five days longer (an extension).
+        _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: token, transaction: Transaction(
+            originalTransactionId: "9300", transactionId: "9300", store: .appstore, productId: A.monthly, transactionDate: a.base - 10 * A.day,
+            expirationDate: a.base + 25 * A.day, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted
+        ))))
+        let refunded = a.transaction("9300", original: "9300", token: token, purchased: -10, revoked: -1)
+        let answer = await fixture.deliverAppStore(try a.notification("REFUND", uuid: "r", at: 1, transaction: refunded, renewal: nil))
+        #expect(answer.status == 200 && answer.body.contains(#""changed":true"#), "\(answer.body)")
+        let stored = try fixture.record(token)?.transactions.first
+        #expect(stored?.revocationDate == a.base - A.day)
+        #expect(stored?.expirationDate == a.base + 25 * A.day, "the stored period stays")
+        let renewed = await fixture.deliverAppStore(try a.notification("DID_RENEW", uuid: "n", at: 2, transaction: a.transaction("9300", original: "9300", token: token, purchased: -10), renewal: nil))
+        #expect(renewed.body.contains(#""ignored":"transaction_changed""#), "\(renewed.body)")
+        #expect(try fixture.record(token)?.transactions.first?.revocationDate == a.base - A.day)
+        try await fixture.stop()
+    }
+
+    @Test("appAccountToken names the customer (also one stored with the upper-case UUID); a token nobody knows on a known chain creates no customer")
+    func accountToken() async throws {
+        let fixture = try await self.fixture()
+        let a = self.apple
+        let upper = "AB0F2C4E-0000-4000-8000-0000000000DD"
+        _ = try await fixture.write(.grantEntitlement(GrantEntitlementRequest(userId: upper, grant: Grant(grantId: "g", entitlementId: "beta", grantedDate: a.base))))
+        let first = a.transaction("9400", original: "9400", token: upper.lowercased(), purchased: -1)
+        #expect(await fixture.deliverAppStore(try a.notification("SUBSCRIBED", uuid: "s", at: 1, transaction: first, renewal: nil)).status == 200)
+        #expect(try fixture.record(upper)?.transactions.map(\.transactionId) == ["9400"])
+        #expect(try fixture.record(upper.lowercased()) == nil, "no second customer under the lower-case token")
+        // The backend linked the chain to frank; the app set a token nobody linked.
+        _ = try await fixture.write(.linkAlias(LinkAliasRequest(userId: "frank", alias: "appstore:9500")))
+        let stranger = a.transaction("9500", original: "9500", token: "00000000-0000-4000-8000-0000000000ee", purchased: -1)
+        #expect(await fixture.deliverAppStore(try a.notification("SUBSCRIBED", uuid: "t", at: 1, transaction: stranger, renewal: nil)).status == 200)
+        #expect(try fixture.record("frank")?.transactions.map(\.transactionId) == ["9500"])
+        #expect(try fixture.record("00000000-0000-4000-8000-0000000000ee") == nil)
         try await fixture.stop()
     }
 

@@ -24,7 +24,8 @@ struct StripeEventsTests {
         let first = F.invoice("in_1", subscription: "sub_1", customer: "cus_1", user: "u1", periodStart: F.start, periodEnd: F.start + 30 * F.day, reason: "subscription_create", basil: basil)
         let expected = Transaction(
             originalTransactionId: "sub_1", transactionId: "in_1", store: .stripe, productId: "price_monthly", transactionDate: F.start * 1000,
-            expirationDate: (F.start + 30 * F.day) * 1000, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted
+            expirationDate: (F.start + 30 * F.day) * 1000, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted,
+            priceMicros: 9_990_000, currency: "USD"
         )
         #expect(try plan(F.event("evt_1", "invoice.paid", created: F.start, first, basil: basil)) == .apply(identity: .user("u1", storeCustomer: "stripe:cus_1"), writes: [.transaction(expected, keepRevocation: true)]))
 

@@ -61,12 +61,13 @@ enum StripeFixture {
 
     static func subscription(
         _ id: String, customer: String, user: String? = nil, status: String, periodStart: Int64, periodEnd: Int64,
-        cancelAtPeriodEnd: Bool = false, canceledAt: Int64? = nil, endedAt: Int64? = nil, basil: Bool = false
+        cancelAtPeriodEnd: Bool = false, canceledAt: Int64? = nil, endedAt: Int64? = nil, cancellationReason: String? = nil, basil: Bool = false
     ) -> JSON {
         var fields: [(String, JSON)] = [
             ("id", .string(id)), ("object", "subscription"), ("customer", .string(customer)), ("status", .string(status)),
             ("metadata", metadata(user)), ("cancel_at_period_end", .bool(cancelAtPeriodEnd)), ("cancel_at", nil),
             ("canceled_at", optional(canceledAt)), ("ended_at", optional(endedAt)),
+            ("cancellation_details", ["reason": cancellationReason.map { .string($0) } ?? .null]),
         ]
         let item: JSON = ["id": "si_1", "price": ["id": "price_monthly", "product": "prod_premium"]]
         if basil {
@@ -85,7 +86,7 @@ enum StripeFixture {
         if basil {
             return [
                 "id": .string(id), "object": "invoice", "customer": .string(customer), "livemode": false, "billing_reason": .string(reason),
-                "amount_paid": .integer(amountPaid),
+                "amount_paid": .integer(amountPaid), "currency": "usd",
                 "parent": ["type": "subscription_details", "subscription_details": ["subscription": .string(subscription), "metadata": metadata]],
                 "lines": ["data": [[
                     "id": "il_1", "period": ["start": .integer(periodStart), "end": .integer(periodEnd)],
@@ -96,7 +97,7 @@ enum StripeFixture {
         }
         return [
             "id": .string(id), "object": "invoice", "customer": .string(customer), "livemode": false, "billing_reason": .string(reason),
-            "amount_paid": .integer(amountPaid), "subscription": .string(subscription), "subscription_details": ["metadata": metadata],
+            "amount_paid": .integer(amountPaid), "currency": "usd", "subscription": .string(subscription), "subscription_details": ["metadata": metadata],
             "lines": ["data": [[
                 "id": "il_1", "type": "subscription", "period": ["start": .integer(periodStart), "end": .integer(periodEnd)],
                 "price": ["id": .string(price), "product": "prod_premium"],

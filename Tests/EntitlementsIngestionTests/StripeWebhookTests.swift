@@ -22,7 +22,7 @@ struct StripeWebhookTests {
             F.event("evt_i1_\(customer)", "invoice.paid", created: F.start + 1, F.invoice("in_\(customer)", subscription: subscription, customer: customer, periodStart: F.start, periodEnd: F.start + 30 * F.day, reason: "subscription_create")),
             F.event(
                 "evt_s2_\(customer)", "customer.subscription.updated", created: F.start + 5 * F.day,
-                F.subscription(subscription, customer: customer, status: "active", periodStart: F.start, periodEnd: F.start + 30 * F.day, cancelAtPeriodEnd: true, canceledAt: F.start + 5 * F.day)
+                F.subscription(subscription, customer: customer, status: "active", periodStart: F.start, periodEnd: F.start + 30 * F.day, cancelAtPeriodEnd: true, canceledAt: F.start + 5 * F.day, cancellationReason: "cancellation_requested")
             ),
         ]
     }
@@ -37,10 +37,12 @@ struct StripeWebhookTests {
         // The same purchase, written by hand for another user.
         _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: "bob", transaction: Transaction(
             originalTransactionId: "sub_a", transactionId: "in_cus_a", store: .stripe, productId: "price_monthly", transactionDate: F.start * 1000,
-            expirationDate: (F.start + 30 * F.day) * 1000, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted
+            expirationDate: (F.start + 30 * F.day) * 1000, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted,
+            priceMicros: 9_990_000, currency: "USD"
         ))))
         _ = try await fixture.write(.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "bob", state: SubscriptionState(
-            store: .stripe, originalTransactionId: "sub_a", autoRenewEnabled: false, autoRenewDisabledDate: (F.start + 5 * F.day) * 1000
+            store: .stripe, originalTransactionId: "sub_a", autoRenewEnabled: false, autoRenewDisabledDate: (F.start + 5 * F.day) * 1000,
+            cancellationReason: .customer
         ))))
         for (instant, active) in [(Self.now, true), ((F.start + 31 * F.day) * 1000, false)] {
             try await fixture.expectSameAnswer("alice", as: "bob", at: instant, active: active)

@@ -82,13 +82,18 @@ final class WebhookFixture: Sendable {
     }
 
     /// Expects `user` (written by webhooks) and `other` (by the write calls) to get the same
-    /// answer at `instant`, but for their ids: premium, active or not, canceled.
+    /// answer at `instant`, but for their ids: premium, active or not, auto-renew turned off
+    /// by the customer, 9.99 USD a month.
     func expectSameAnswer(_ user: String, as other: String, at instant: Int64, active: Bool, sourceLocation: SourceLocation = #_sourceLocation) async throws {
         var answer = try await self.check(user, at: instant)
         let expected = try await self.check(other, at: instant)
         #expect(answer.entitlements.map(\.id) == ["premium"], sourceLocation: sourceLocation)
         #expect(answer.entitlements.first?.isActive == active, sourceLocation: sourceLocation)
         #expect(answer.entitlements.first?.renewState == .canceled, sourceLocation: sourceLocation)
+        #expect(answer.entitlements.first?.status == (active ? .active : .canceled), sourceLocation: sourceLocation)
+        #expect(answer.entitlements.first?.cancellationReason == .customer, sourceLocation: sourceLocation)
+        #expect(answer.entitlements.first?.priceMicros == 9_990_000 && answer.entitlements.first?.currency == "USD", sourceLocation: sourceLocation)
+        #expect(answer.entitlements.first?.interval == .monthly, sourceLocation: sourceLocation)
         answer.userId = expected.userId
         answer.customerId = expected.customerId
         answer.logSequence = expected.logSequence

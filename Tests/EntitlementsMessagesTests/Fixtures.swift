@@ -14,7 +14,9 @@ enum Fixtures {
         revocationDate: 1_768_000_000_000,
         environment: .sandbox,
         ownershipType: .familySharing,
-        type: .introRenewed
+        type: .introRenewed,
+        priceMicros: 4_990_000,
+        currency: "EUR"
     )
 
     static let subscriptionState = SubscriptionState(
@@ -26,7 +28,9 @@ enum Fixtures {
         gracePeriodExpirationDate: 1_767_200_000_000,
         isInBillingRetry: true,
         eventDate: 1_767_300_000_000,
-        endedDate: 1_767_400_000_000
+        endedDate: 1_767_400_000_000,
+        cancellationReason: .priceIncrease,
+        priceConsentStatus: .notified
     )
 
     static let grant = Grant(
@@ -61,7 +65,13 @@ enum Fixtures {
         ownershipType: .owner,
         periodType: .intro,
         gracePeriodExpirationDate: 1_700_000_000_006,
-        billingIssueDetectedDate: 1_700_000_000_007
+        billingIssueDetectedDate: 1_700_000_000_007,
+        cancellationReason: .billingError,
+        priceMicros: 9_990_000,
+        currency: "USD",
+        priceConsentStatus: .agreed,
+        interval: .monthly,
+        status: .pastDue
     )
 
     static let checkRequest = CheckEntitlementsRequest(

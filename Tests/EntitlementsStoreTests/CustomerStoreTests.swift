@@ -150,6 +150,23 @@ struct CustomerMutationTests {
         _ = try world.apply(events[3])
         _ = try world.apply(events[2])
         #expect(try !world.apply(events[0]).changed)
+        // Off at 100, back on at 200, off again undated at 400: the date of 100 is not kept.
+        for order in [[0, 1, 3], [0, 3, 1], [3, 0, 1]] {
+            var world = World()
+            for index in order {
+                _ = try world.apply(events[index])
+            }
+            #expect(world.customers["dan"]?.subscriptions.first?.autoRenewDisabledDate == nil, "order \(order)")
+        }
+        // Undated states (manual writes, logs from before event_date) inherit nothing.
+        var manual = World()
+        _ = try manual.apply(.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "eve", state: SubscriptionState(
+            store: .appstore, originalTransactionId: "1", autoRenewEnabled: false, autoRenewDisabledDate: 100
+        ))))
+        _ = try manual.apply(.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "eve", state: SubscriptionState(
+            store: .appstore, originalTransactionId: "1", autoRenewEnabled: false
+        ))))
+        #expect(manual.customers["eve"]?.subscriptions.first?.autoRenewDisabledDate == nil)
     }
 
     @Test("ended_date: running transactions of the chain are revoked at the end, those recorded later too, and the end stays")
@@ -206,6 +223,12 @@ struct CustomerMutationTests {
             "transaction.expiration_date: required for a SUBSCRIPTION_STARTED transaction"),
         (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "lifetime", transactionDate: now, expirationDate: now + day, type: .nonConsumablePurchase))),
             "transaction.expiration_date: must be absent for a NON_CONSUMABLE_PURCHASE"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, expirationDate: now + day, type: .subscriptionStarted, priceMicros: 9_990_000, currency: "usd"))),
+            "transaction.currency: must be an ISO 4217 code in upper case"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, expirationDate: now + day, type: .subscriptionStarted, priceMicros: 9_990_000))),
+            "transaction.price_micros and transaction.currency go together"),
+        (.recordTransaction(RecordTransactionRequest(userId: "u", transaction: Transaction(transactionId: "t", store: .stripe, productId: "monthly", transactionDate: now, expirationDate: now + day, type: .subscriptionStarted, priceMicros: -1, currency: "USD"))),
+            "transaction.price_micros: must not be negative"),
         (.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "u", state: SubscriptionState(store: .manual, originalTransactionId: "t"))),
             "state.store: must be APPSTORE, PLAYSTORE or STRIPE, got MANUAL"),
         (.grantEntitlement(GrantEntitlementRequest(userId: "u", grant: Grant(grantId: "g"))), "grant.entitlement_id: required"),

@@ -70,6 +70,48 @@ extension PeriodType: ProtoJSONEnum {
     ]
 }
 
+extension SubscriptionPeriod: ProtoJSONEnum {
+    public static let protoJSONNames: [(String, SubscriptionPeriod)] = [
+        ("SUBSCRIPTION_PERIOD_UNSPECIFIED", .unspecified),
+        ("SUBSCRIPTION_PERIOD_WEEKLY", .weekly),
+        ("SUBSCRIPTION_PERIOD_MONTHLY", .monthly),
+        ("SUBSCRIPTION_PERIOD_QUARTERLY", .quarterly),
+        ("SUBSCRIPTION_PERIOD_SEMIANNUAL", .semiannual),
+        ("SUBSCRIPTION_PERIOD_ANNUAL", .annual),
+    ]
+}
+
+extension CancellationReason: ProtoJSONEnum {
+    public static let protoJSONNames: [(String, CancellationReason)] = [
+        ("CANCELLATION_REASON_UNSPECIFIED", .unspecified),
+        ("CANCELLATION_REASON_CUSTOMER", .customer),
+        ("CANCELLATION_REASON_BILLING_ERROR", .billingError),
+        ("CANCELLATION_REASON_DEVELOPER", .developer),
+        ("CANCELLATION_REASON_PRICE_INCREASE", .priceIncrease),
+        ("CANCELLATION_REASON_PRODUCT_UNAVAILABLE", .productUnavailable),
+        ("CANCELLATION_REASON_REPLACED", .replaced),
+        ("CANCELLATION_REASON_UNKNOWN", .unknown),
+    ]
+}
+
+extension PriceConsentStatus: ProtoJSONEnum {
+    public static let protoJSONNames: [(String, PriceConsentStatus)] = [
+        ("PRICE_CONSENT_STATUS_UNSPECIFIED", .unspecified),
+        ("PRICE_CONSENT_STATUS_NOTIFIED", .notified),
+        ("PRICE_CONSENT_STATUS_AGREED", .agreed),
+    ]
+}
+
+extension SubscriptionStatus: ProtoJSONEnum {
+    public static let protoJSONNames: [(String, SubscriptionStatus)] = [
+        ("SUBSCRIPTION_STATUS_UNSPECIFIED", .unspecified),
+        ("SUBSCRIPTION_STATUS_ACTIVE", .active),
+        ("SUBSCRIPTION_STATUS_TRIALING", .trialing),
+        ("SUBSCRIPTION_STATUS_PAST_DUE", .pastDue),
+        ("SUBSCRIPTION_STATUS_CANCELED", .canceled),
+    ]
+}
+
 extension Transaction: ProtoJSONDecodable {
     public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
         var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.Transaction")
@@ -85,6 +127,8 @@ extension Transaction: ProtoJSONDecodable {
         self.environment = try object.enumeration("environment", "environment", as: Environment.self) ?? .unspecified
         self.ownershipType = try object.enumeration("ownershipType", "ownership_type", as: OwnershipType.self) ?? .unspecified
         self.type = try object.enumeration("type", "type", as: TransactionType.self) ?? .unspecified
+        self.priceMicros = try object.int64("priceMicros", "price_micros")
+        self.currency = try object.string("currency", "currency")
         try object.finish()
     }
 }
@@ -102,6 +146,8 @@ extension SubscriptionState: ProtoJSONDecodable {
         self.isInBillingRetry = try object.bool("isInBillingRetry", "is_in_billing_retry")
         self.eventDate = try object.int64("eventDate", "event_date")
         self.endedDate = try object.int64("endedDate", "ended_date")
+        self.cancellationReason = try object.enumeration("cancellationReason", "cancellation_reason", as: CancellationReason.self) ?? .unspecified
+        self.priceConsentStatus = try object.enumeration("priceConsentStatus", "price_consent_status", as: PriceConsentStatus.self) ?? .unspecified
         try object.finish()
     }
 }
@@ -147,6 +193,12 @@ extension Entitlement: ProtoJSONDecodable {
         self.periodType = try object.enumeration("periodType", "period_type", as: PeriodType.self) ?? .unspecified
         self.gracePeriodExpirationDate = try object.int64("gracePeriodExpirationDate", "grace_period_expiration_date")
         self.billingIssueDetectedDate = try object.int64("billingIssueDetectedDate", "billing_issue_detected_date")
+        self.cancellationReason = try object.enumeration("cancellationReason", "cancellation_reason", as: CancellationReason.self) ?? .unspecified
+        self.priceMicros = try object.int64("priceMicros", "price_micros")
+        self.currency = try object.string("currency", "currency")
+        self.priceConsentStatus = try object.enumeration("priceConsentStatus", "price_consent_status", as: PriceConsentStatus.self) ?? .unspecified
+        self.interval = try object.enumeration("interval", "interval", as: SubscriptionPeriod.self) ?? .unspecified
+        self.status = try object.enumeration("status", "status", as: SubscriptionStatus.self) ?? .unspecified
         try object.finish()
     }
 }
@@ -402,17 +454,6 @@ extension ProductType: ProtoJSONEnum {
         ("PRODUCT_TYPE_SUBSCRIPTION", .subscription),
         ("PRODUCT_TYPE_NON_CONSUMABLE", .nonConsumable),
         ("PRODUCT_TYPE_CONSUMABLE", .consumable),
-    ]
-}
-
-extension SubscriptionPeriod: ProtoJSONEnum {
-    public static let protoJSONNames: [(String, SubscriptionPeriod)] = [
-        ("SUBSCRIPTION_PERIOD_UNSPECIFIED", .unspecified),
-        ("SUBSCRIPTION_PERIOD_WEEKLY", .weekly),
-        ("SUBSCRIPTION_PERIOD_MONTHLY", .monthly),
-        ("SUBSCRIPTION_PERIOD_QUARTERLY", .quarterly),
-        ("SUBSCRIPTION_PERIOD_SEMIANNUAL", .semiannual),
-        ("SUBSCRIPTION_PERIOD_ANNUAL", .annual),
     ]
 }
 

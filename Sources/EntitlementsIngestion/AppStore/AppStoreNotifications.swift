@@ -75,6 +75,8 @@ public struct AppStoreNotifications: Sendable {
             break
         case "Consumable":
             return .ignore(reason: "consumable")  // used up, never an entitlement
+        case nil:
+            throw IngestionRejection(.missingField, "\(what): type missing in signedTransactionInfo")
         default:
             // Non-Renewing Subscription: Apple sends no expiration for it; the app's backend
             // records it with the period it sells (docs/ingestion.md).
@@ -100,6 +102,11 @@ public struct AppStoreNotifications: Sendable {
             environment: Self.environment(transaction["environment"].string ?? notification["data"]["environment"].string),
             ownershipType: transaction["inAppOwnershipType"].string == "FAMILY_SHARED" ? .familySharing : .owner
         )
+        // `price` is in milliunits of `currency` (9.99 is 9990).
+        if let price = transaction["price"].int64, (0...Int64.max / 1000).contains(price), let currency = StorePrice.currency(transaction["currency"].string) {
+            record.priceMicros = price * 1000
+            record.currency = currency
+        }
         if kind == "Non-Consumable" {
             record.type = .nonConsumablePurchase
         } else {
@@ -127,7 +134,7 @@ public struct AppStoreNotifications: Sendable {
         let identity: StoreIdentity
         let alias = Self.alias(ofOriginalTransaction: original)
         if let token = transaction["appAccountToken"].string, !token.isEmpty {
-            identity = .user(token.lowercased(), storeCustomer: alias)
+            identity = .accountToken(token.lowercased(), chainAlias: alias)
         } else {
             identity = .storeCustomer(alias)
         }
@@ -145,6 +152,22 @@ public struct AppStoreNotifications: Sendable {
             // later states still say auto-renew is off.
             state.autoRenewDisabledDate = eventDate
         }
+        switch renewal["expirationIntent"].int64 {
+        case 1: state.cancellationReason = .customer
+        case 2: state.cancellationReason = .billingError
+        case 3: state.cancellationReason = .priceIncrease
+        case 4: state.cancellationReason = .productUnavailable
+        case 5: state.cancellationReason = .unknown
+        default:
+            if !renews, type == "DID_CHANGE_RENEWAL_STATUS" {
+                state.cancellationReason = .customer  // the customer turned auto-renew off
+            }
+        }
+        switch renewal["priceIncreaseStatus"].int64 {
+        case 0: state.priceConsentStatus = .notified
+        case 1: state.priceConsentStatus = .agreed
+        default: break
+        }
         let retrying = renewal["isInBillingRetryPeriod"].bool == true
         state.isInBillingRetry = retrying
         if let grace = renewal["gracePeriodExpiresDate"].int64, retrying || type == "GRACE_PERIOD_EXPIRED" {
@@ -157,14 +180,15 @@ public struct AppStoreNotifications: Sendable {
         return state
     }
 
-    /// What the transaction is: a free trial or an introductory offer (offerType 1), else
-    /// the first period of the chain or a renewal.
+    /// What the transaction is: a free trial (any offer whose discount is FREE_TRIAL:
+    /// introductory, promotional, offer code, win-back), an introductory offer's paid
+    /// period (offerType 1), else the first period of the chain or a renewal.
     private static func transactionType(_ transaction: EventJSON, isFirst: Bool) -> TransactionType {
         let purchase = transaction["transactionReason"].string.map { $0 == "PURCHASE" } ?? isFirst
+        if transaction["offerDiscountType"].string == "FREE_TRIAL", transaction["offerType"].int64 != nil {
+            return .trialStarted
+        }
         if transaction["offerType"].int64 == 1 {
-            if transaction["offerDiscountType"].string == "FREE_TRIAL" {
-                return .trialStarted
-            }
             return purchase ? .introStarted : .introRenewed
         }
         return purchase ? .subscriptionStarted : .subscriptionRenewed

@@ -102,6 +102,11 @@ public struct StripeEvents: Sendable {
             state.autoRenewEnabled = !endsAtPeriodEnd
             state.autoRenewDisabledDate = endsAtPeriodEnd ? canceledAt : nil
         }
+        switch subscription["cancellation_details"]["reason"].string {
+        case "cancellation_requested": state.cancellationReason = .customer
+        case "payment_failed", "payment_disputed": state.cancellationReason = .billingError
+        default: break
+        }
         if ended {
             state.endedDate = Self.seconds(subscription["ended_at"]) ?? canceledAt ?? eventDate
         }
@@ -145,7 +150,7 @@ public struct StripeEvents: Sendable {
         default:
             type = .subscriptionRenewed
         }
-        let transaction = Transaction(
+        var transaction = Transaction(
             originalTransactionId: subscription,
             transactionId: id,
             store: .stripe,
@@ -156,6 +161,13 @@ public struct StripeEvents: Sendable {
             ownershipType: .owner,
             type: type
         )
+        // What the customer paid: the invoice's amount_paid, in the currency's smallest unit.
+        if let paid = invoice["amount_paid"].int64, let currency = StorePrice.currency(invoice["currency"].string?.uppercased()),
+            let micros = StorePrice.micros(smallestUnits: paid, currency: currency)
+        {
+            transaction.priceMicros = micros
+            transaction.currency = currency
+        }
         return .apply(identity: identity, writes: [.transaction(transaction, keepRevocation: true)])
     }
 

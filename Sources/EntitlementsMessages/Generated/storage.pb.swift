@@ -16,22 +16,6 @@ public enum ProductType: Int32, Sendable, Hashable, CaseIterable {
     case consumable = 3
 }
 
-/// The billing period of a subscription product.
-public enum SubscriptionPeriod: Int32, Sendable, Hashable, CaseIterable {
-    /// `SUBSCRIPTION_PERIOD_UNSPECIFIED`.
-    case unspecified = 0
-    /// `SUBSCRIPTION_PERIOD_WEEKLY`.
-    case weekly = 1
-    /// `SUBSCRIPTION_PERIOD_MONTHLY`.
-    case monthly = 2
-    /// `SUBSCRIPTION_PERIOD_QUARTERLY`.
-    case quarterly = 3
-    /// `SUBSCRIPTION_PERIOD_SEMIANNUAL`.
-    case semiannual = 4
-    /// `SUBSCRIPTION_PERIOD_ANNUAL`.
-    case annual = 5
-}
-
 /// A product sold in a store and the entitlements it unlocks.
 public struct Product: Sendable, Hashable {
     /// The `id` field.

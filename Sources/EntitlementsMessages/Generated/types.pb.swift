@@ -99,6 +99,66 @@ public enum PeriodType: Int32, Sendable, Hashable, CaseIterable {
     case intro = 3
 }
 
+/// The billing period of a subscription product.
+public enum SubscriptionPeriod: Int32, Sendable, Hashable, CaseIterable {
+    /// `SUBSCRIPTION_PERIOD_UNSPECIFIED`.
+    case unspecified = 0
+    /// `SUBSCRIPTION_PERIOD_WEEKLY`.
+    case weekly = 1
+    /// `SUBSCRIPTION_PERIOD_MONTHLY`.
+    case monthly = 2
+    /// `SUBSCRIPTION_PERIOD_QUARTERLY`.
+    case quarterly = 3
+    /// `SUBSCRIPTION_PERIOD_SEMIANNUAL`.
+    case semiannual = 4
+    /// `SUBSCRIPTION_PERIOD_ANNUAL`.
+    case annual = 5
+}
+
+/// Why a subscription stopped renewing, as the store said it (docs/entitlement-rules.md).
+public enum CancellationReason: Int32, Sendable, Hashable, CaseIterable {
+    /// `CANCELLATION_REASON_UNSPECIFIED`.
+    case unspecified = 0
+    /// The customer turned auto-renew off or canceled.
+    case customer = 1
+    /// A payment failed.
+    case billingError = 2
+    /// The developer (or merchant) canceled it.
+    case developer = 3
+    /// The customer did not agree to a price increase.
+    case priceIncrease = 4
+    /// The product was not for sale at renewal.
+    case productUnavailable = 5
+    /// Replaced by another subscription (an upgrade or crossgrade).
+    case replaced = 6
+    /// The store gave a reason it does not explain.
+    case unknown = 7
+}
+
+/// The customer's answer to a price increase of their subscription.
+public enum PriceConsentStatus: Int32, Sendable, Hashable, CaseIterable {
+    /// `PRICE_CONSENT_STATUS_UNSPECIFIED`.
+    case unspecified = 0
+    /// Told of the increase, not agreed (yet).
+    case notified = 1
+    /// `PRICE_CONSENT_STATUS_AGREED`.
+    case agreed = 2
+}
+
+/// A subscription's status in store-neutral terms (docs/entitlement-rules.md).
+public enum SubscriptionStatus: Int32, Sendable, Hashable, CaseIterable {
+    /// `SUBSCRIPTION_STATUS_UNSPECIFIED`.
+    case unspecified = 0
+    /// `SUBSCRIPTION_STATUS_ACTIVE`.
+    case active = 1
+    /// `SUBSCRIPTION_STATUS_TRIALING`.
+    case trialing = 2
+    /// A renewal payment failed; the store is retrying.
+    case pastDue = 3
+    /// Ended: expired, revoked, or ended by the store.
+    case canceled = 4
+}
+
 /// One store transaction: a purchase, a renewal, a trial or intro period.
 public struct Transaction: Sendable, Hashable {
     /// Identifies the chain of renewals this transaction belongs to, per store.
@@ -123,6 +183,11 @@ public struct Transaction: Sendable, Hashable {
     public var ownershipType: OwnershipType = .unspecified
     /// The `type` field.
     public var type: TransactionType = .unspecified
+    /// What the customer paid for this transaction's period, in millionths of `currency`
+    /// (9.99 USD is 9990000), whatever unit the store used. Absent when unknown.
+    public var priceMicros: Int64? = nil
+    /// ISO 4217, upper case ("USD"). Set with price_micros.
+    public var currency: String? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -139,7 +204,9 @@ public struct Transaction: Sendable, Hashable {
         revocationDate: Int64? = nil,
         environment: Environment = .unspecified,
         ownershipType: OwnershipType = .unspecified,
-        type: TransactionType = .unspecified
+        type: TransactionType = .unspecified,
+        priceMicros: Int64? = nil,
+        currency: String? = nil
     ) {
         self.originalTransactionId = originalTransactionId
         self.transactionId = transactionId
@@ -152,6 +219,8 @@ public struct Transaction: Sendable, Hashable {
         self.environment = environment
         self.ownershipType = ownershipType
         self.type = type
+        self.priceMicros = priceMicros
+        self.currency = currency
     }
 }
 
@@ -198,6 +267,8 @@ extension Transaction: ProtobufCBacked {
         self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
         self.ownershipType = try liftEnum(has: c.has_ownership_type, c.ownership_type.rawValue, as: OwnershipType.self, field: "ownership_type")
         self.type = try liftEnum(has: c.has_type, c.type.rawValue, as: TransactionType.self, field: "type")
+        self.priceMicros = c.has_price_micros != 0 ? c.price_micros : nil
+        self.currency = try liftString(c.currency, field: "currency")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -214,6 +285,8 @@ extension Transaction: ProtobufCBacked {
         if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
         if self.ownershipType != .unspecified { c.pointee.has_ownership_type = 1; c.pointee.ownership_type = .init(rawValue: .init(truncatingIfNeeded: self.ownershipType.rawValue)) }
         if self.type != .unspecified { c.pointee.has_type = 1; c.pointee.type = .init(rawValue: .init(truncatingIfNeeded: self.type.rawValue)) }
+        if let value = self.priceMicros { c.pointee.has_price_micros = 1; c.pointee.price_micros = value }
+        c.pointee.currency = try arena.lowerString(self.currency, field: "currency")
         return c
     }
 }
@@ -244,6 +317,10 @@ public struct SubscriptionState: Sendable, Hashable {
     /// at it, those recorded later included; a later state without it keeps it
     /// (docs/ingestion.md, "Ends").
     public var endedDate: Int64? = nil
+    /// Why the subscription stopped (or will stop) renewing, when the store says.
+    public var cancellationReason: CancellationReason = .unspecified
+    /// The customer's answer to a pending or past price increase, when the store says.
+    public var priceConsentStatus: PriceConsentStatus = .unspecified
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -258,7 +335,9 @@ public struct SubscriptionState: Sendable, Hashable {
         gracePeriodExpirationDate: Int64? = nil,
         isInBillingRetry: Bool = false,
         eventDate: Int64? = nil,
-        endedDate: Int64? = nil
+        endedDate: Int64? = nil,
+        cancellationReason: CancellationReason = .unspecified,
+        priceConsentStatus: PriceConsentStatus = .unspecified
     ) {
         self.store = store
         self.originalTransactionId = originalTransactionId
@@ -269,6 +348,8 @@ public struct SubscriptionState: Sendable, Hashable {
         self.isInBillingRetry = isInBillingRetry
         self.eventDate = eventDate
         self.endedDate = endedDate
+        self.cancellationReason = cancellationReason
+        self.priceConsentStatus = priceConsentStatus
     }
 }
 
@@ -313,6 +394,8 @@ extension SubscriptionState: ProtobufCBacked {
         self.isInBillingRetry = c.has_is_in_billing_retry != 0 && c.is_in_billing_retry != 0
         self.eventDate = c.has_event_date != 0 ? c.event_date : nil
         self.endedDate = c.has_ended_date != 0 ? c.ended_date : nil
+        self.cancellationReason = try liftEnum(has: c.has_cancellation_reason, c.cancellation_reason.rawValue, as: CancellationReason.self, field: "cancellation_reason")
+        self.priceConsentStatus = try liftEnum(has: c.has_price_consent_status, c.price_consent_status.rawValue, as: PriceConsentStatus.self, field: "price_consent_status")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -327,6 +410,8 @@ extension SubscriptionState: ProtobufCBacked {
         c.pointee.has_is_in_billing_retry = 1; c.pointee.is_in_billing_retry = self.isInBillingRetry ? 1 : 0
         if let value = self.eventDate { c.pointee.has_event_date = 1; c.pointee.event_date = value }
         if let value = self.endedDate { c.pointee.has_ended_date = 1; c.pointee.ended_date = value }
+        if self.cancellationReason != .unspecified { c.pointee.has_cancellation_reason = 1; c.pointee.cancellation_reason = .init(rawValue: .init(truncatingIfNeeded: self.cancellationReason.rawValue)) }
+        if self.priceConsentStatus != .unspecified { c.pointee.has_price_consent_status = 1; c.pointee.price_consent_status = .init(rawValue: .init(truncatingIfNeeded: self.priceConsentStatus.rawValue)) }
         return c
     }
 }
@@ -468,6 +553,19 @@ public struct Entitlement: Sendable, Hashable {
     public var gracePeriodExpirationDate: Int64? = nil
     /// The `billing_issue_detected_date` field.
     public var billingIssueDetectedDate: Int64? = nil
+    /// From the winning chain's state: why it stopped renewing. Absent when unknown.
+    public var cancellationReason: CancellationReason = .unspecified
+    /// The price of the winning chain's current transaction, in millionths of `currency`.
+    public var priceMicros: Int64? = nil
+    /// ISO 4217, upper case.
+    public var currency: String? = nil
+    /// From the winning chain's state: the answer to a price increase.
+    public var priceConsentStatus: PriceConsentStatus = .unspecified
+    /// The catalog period of the winning product (subscriptions only).
+    public var interval: SubscriptionPeriod = .unspecified
+    /// Store-neutral status of the winning subscription; absent for grants and
+    /// non-consumables.
+    public var status: SubscriptionStatus = .unspecified
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -496,7 +594,13 @@ public struct Entitlement: Sendable, Hashable {
         ownershipType: OwnershipType = .unspecified,
         periodType: PeriodType = .unspecified,
         gracePeriodExpirationDate: Int64? = nil,
-        billingIssueDetectedDate: Int64? = nil
+        billingIssueDetectedDate: Int64? = nil,
+        cancellationReason: CancellationReason = .unspecified,
+        priceMicros: Int64? = nil,
+        currency: String? = nil,
+        priceConsentStatus: PriceConsentStatus = .unspecified,
+        interval: SubscriptionPeriod = .unspecified,
+        status: SubscriptionStatus = .unspecified
     ) {
         self.id = id
         self.isActive = isActive
@@ -521,6 +625,12 @@ public struct Entitlement: Sendable, Hashable {
         self.periodType = periodType
         self.gracePeriodExpirationDate = gracePeriodExpirationDate
         self.billingIssueDetectedDate = billingIssueDetectedDate
+        self.cancellationReason = cancellationReason
+        self.priceMicros = priceMicros
+        self.currency = currency
+        self.priceConsentStatus = priceConsentStatus
+        self.interval = interval
+        self.status = status
     }
 }
 
@@ -579,6 +689,12 @@ extension Entitlement: ProtobufCBacked {
         self.periodType = try liftEnum(has: c.has_period_type, c.period_type.rawValue, as: PeriodType.self, field: "period_type")
         self.gracePeriodExpirationDate = c.has_grace_period_expiration_date != 0 ? c.grace_period_expiration_date : nil
         self.billingIssueDetectedDate = c.has_billing_issue_detected_date != 0 ? c.billing_issue_detected_date : nil
+        self.cancellationReason = try liftEnum(has: c.has_cancellation_reason, c.cancellation_reason.rawValue, as: CancellationReason.self, field: "cancellation_reason")
+        self.priceMicros = c.has_price_micros != 0 ? c.price_micros : nil
+        self.currency = try liftString(c.currency, field: "currency")
+        self.priceConsentStatus = try liftEnum(has: c.has_price_consent_status, c.price_consent_status.rawValue, as: PriceConsentStatus.self, field: "price_consent_status")
+        self.interval = try liftEnum(has: c.has_interval, c.interval.rawValue, as: SubscriptionPeriod.self, field: "interval")
+        self.status = try liftEnum(has: c.has_status, c.status.rawValue, as: SubscriptionStatus.self, field: "status")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -607,6 +723,12 @@ extension Entitlement: ProtobufCBacked {
         if self.periodType != .unspecified { c.pointee.has_period_type = 1; c.pointee.period_type = .init(rawValue: .init(truncatingIfNeeded: self.periodType.rawValue)) }
         if let value = self.gracePeriodExpirationDate { c.pointee.has_grace_period_expiration_date = 1; c.pointee.grace_period_expiration_date = value }
         if let value = self.billingIssueDetectedDate { c.pointee.has_billing_issue_detected_date = 1; c.pointee.billing_issue_detected_date = value }
+        if self.cancellationReason != .unspecified { c.pointee.has_cancellation_reason = 1; c.pointee.cancellation_reason = .init(rawValue: .init(truncatingIfNeeded: self.cancellationReason.rawValue)) }
+        if let value = self.priceMicros { c.pointee.has_price_micros = 1; c.pointee.price_micros = value }
+        c.pointee.currency = try arena.lowerString(self.currency, field: "currency")
+        if self.priceConsentStatus != .unspecified { c.pointee.has_price_consent_status = 1; c.pointee.price_consent_status = .init(rawValue: .init(truncatingIfNeeded: self.priceConsentStatus.rawValue)) }
+        if self.interval != .unspecified { c.pointee.has_interval = 1; c.pointee.interval = .init(rawValue: .init(truncatingIfNeeded: self.interval.rawValue)) }
+        if self.status != .unspecified { c.pointee.has_status = 1; c.pointee.status = .init(rawValue: .init(truncatingIfNeeded: self.status.rawValue)) }
         return c
     }
 }

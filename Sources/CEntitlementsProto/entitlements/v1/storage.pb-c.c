@@ -1055,39 +1055,3 @@ const ProtobufCEnumDescriptor entitlements__v1__product_type__descriptor =
   entitlements__v1__product_type__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCEnumValue entitlements__v1__subscription_period__enum_values_by_number[6] =
-{
-  { "SUBSCRIPTION_PERIOD_UNSPECIFIED", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_UNSPECIFIED", 0 },
-  { "SUBSCRIPTION_PERIOD_WEEKLY", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_WEEKLY", 1 },
-  { "SUBSCRIPTION_PERIOD_MONTHLY", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_MONTHLY", 2 },
-  { "SUBSCRIPTION_PERIOD_QUARTERLY", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_QUARTERLY", 3 },
-  { "SUBSCRIPTION_PERIOD_SEMIANNUAL", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_SEMIANNUAL", 4 },
-  { "SUBSCRIPTION_PERIOD_ANNUAL", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_ANNUAL", 5 },
-};
-static const ProtobufCIntRange entitlements__v1__subscription_period__value_ranges[] = {
-{0, 0},{0, 6}
-};
-static const ProtobufCEnumValueIndex entitlements__v1__subscription_period__enum_values_by_name[6] =
-{
-  { "SUBSCRIPTION_PERIOD_ANNUAL", 5 },
-  { "SUBSCRIPTION_PERIOD_MONTHLY", 2 },
-  { "SUBSCRIPTION_PERIOD_QUARTERLY", 3 },
-  { "SUBSCRIPTION_PERIOD_SEMIANNUAL", 4 },
-  { "SUBSCRIPTION_PERIOD_UNSPECIFIED", 0 },
-  { "SUBSCRIPTION_PERIOD_WEEKLY", 1 },
-};
-const ProtobufCEnumDescriptor entitlements__v1__subscription_period__descriptor =
-{
-  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
-  "entitlements.v1.SubscriptionPeriod",
-  "SubscriptionPeriod",
-  "Entitlements__V1__SubscriptionPeriod",
-  "entitlements.v1",
-  6,
-  entitlements__v1__subscription_period__enum_values_by_number,
-  6,
-  entitlements__v1__subscription_period__enum_values_by_name,
-  1,
-  entitlements__v1__subscription_period__value_ranges,
-  NULL,NULL,NULL,NULL   /* reserved[1234] */
-};

@@ -187,7 +187,7 @@ void   entitlements__v1__entitlement__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__entitlement__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descriptors[11] =
+static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descriptors[13] =
 {
   {
     "original_transaction_id",
@@ -321,13 +321,39 @@ static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "price_micros",
+    12,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__Transaction, has_price_micros),
+    offsetof(Entitlements__V1__Transaction, price_micros),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "currency",
+    13,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__Transaction, currency),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__transaction__field_indices_by_name[] = {
+  12,   /* field[12] = currency */
   8,   /* field[8] = environment */
   6,   /* field[6] = expiration_date */
   4,   /* field[4] = offer_code */
   0,   /* field[0] = original_transaction_id */
   9,   /* field[9] = ownership_type */
+  11,   /* field[11] = price_micros */
   3,   /* field[3] = product_id */
   7,   /* field[7] = revocation_date */
   2,   /* field[2] = store */
@@ -338,7 +364,7 @@ static const unsigned entitlements__v1__transaction__field_indices_by_name[] = {
 static const ProtobufCIntRange entitlements__v1__transaction__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 11 }
+  { 0, 13 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__transaction__descriptor =
 {
@@ -348,14 +374,14 @@ const ProtobufCMessageDescriptor entitlements__v1__transaction__descriptor =
   "Entitlements__V1__Transaction",
   "entitlements.v1",
   sizeof(Entitlements__V1__Transaction),
-  11,
+  13,
   entitlements__v1__transaction__field_descriptors,
   entitlements__v1__transaction__field_indices_by_name,
   1,  entitlements__v1__transaction__number_ranges,
   (ProtobufCMessageInit) entitlements__v1__transaction__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__subscription_state__field_descriptors[9] =
+static const ProtobufCFieldDescriptor entitlements__v1__subscription_state__field_descriptors[11] =
 {
   {
     "store",
@@ -465,22 +491,48 @@ static const ProtobufCFieldDescriptor entitlements__v1__subscription_state__fiel
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "cancellation_reason",
+    10,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__SubscriptionState, has_cancellation_reason),
+    offsetof(Entitlements__V1__SubscriptionState, cancellation_reason),
+    &entitlements__v1__cancellation_reason__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "price_consent_status",
+    11,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__SubscriptionState, has_price_consent_status),
+    offsetof(Entitlements__V1__SubscriptionState, price_consent_status),
+    &entitlements__v1__price_consent_status__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__subscription_state__field_indices_by_name[] = {
   3,   /* field[3] = auto_renew_disabled_date */
   2,   /* field[2] = auto_renew_enabled */
   4,   /* field[4] = billing_issue_detected_date */
+  9,   /* field[9] = cancellation_reason */
   8,   /* field[8] = ended_date */
   7,   /* field[7] = event_date */
   5,   /* field[5] = grace_period_expiration_date */
   6,   /* field[6] = is_in_billing_retry */
   1,   /* field[1] = original_transaction_id */
+  10,   /* field[10] = price_consent_status */
   0,   /* field[0] = store */
 };
 static const ProtobufCIntRange entitlements__v1__subscription_state__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__subscription_state__descriptor =
 {
@@ -490,7 +542,7 @@ const ProtobufCMessageDescriptor entitlements__v1__subscription_state__descripto
   "Entitlements__V1__SubscriptionState",
   "entitlements.v1",
   sizeof(Entitlements__V1__SubscriptionState),
-  9,
+  11,
   entitlements__v1__subscription_state__field_descriptors,
   entitlements__v1__subscription_state__field_indices_by_name,
   1,  entitlements__v1__subscription_state__number_ranges,
@@ -600,7 +652,7 @@ const ProtobufCMessageDescriptor entitlements__v1__grant__descriptor =
   (ProtobufCMessageInit) entitlements__v1__grant__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__entitlement__field_descriptors[23] =
+static const ProtobufCFieldDescriptor entitlements__v1__entitlement__field_descriptors[29] =
 {
   {
     "id",
@@ -878,15 +930,90 @@ static const ProtobufCFieldDescriptor entitlements__v1__entitlement__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "cancellation_reason",
+    24,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__Entitlement, has_cancellation_reason),
+    offsetof(Entitlements__V1__Entitlement, cancellation_reason),
+    &entitlements__v1__cancellation_reason__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "price_micros",
+    25,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__Entitlement, has_price_micros),
+    offsetof(Entitlements__V1__Entitlement, price_micros),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "currency",
+    26,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__Entitlement, currency),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "price_consent_status",
+    27,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__Entitlement, has_price_consent_status),
+    offsetof(Entitlements__V1__Entitlement, price_consent_status),
+    &entitlements__v1__price_consent_status__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "interval",
+    28,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__Entitlement, has_interval),
+    offsetof(Entitlements__V1__Entitlement, interval),
+    &entitlements__v1__subscription_period__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "status",
+    29,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__Entitlement, has_status),
+    offsetof(Entitlements__V1__Entitlement, status),
+    &entitlements__v1__subscription_status__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__entitlement__field_indices_by_name[] = {
   7,   /* field[7] = auto_renew_disable_date */
   22,   /* field[22] = billing_issue_detected_date */
+  23,   /* field[23] = cancellation_reason */
+  25,   /* field[25] = currency */
   8,   /* field[8] = expiration_date */
   5,   /* field[5] = first_purchase_date */
   21,   /* field[21] = grace_period_expiration_date */
   12,   /* field[12] = grant_type */
   0,   /* field[0] = id */
+  27,   /* field[27] = interval */
   1,   /* field[1] = is_active */
   17,   /* field[17] = is_in_billing_retry */
   16,   /* field[16] = is_in_grace_period */
@@ -895,11 +1022,14 @@ static const unsigned entitlements__v1__entitlement__field_indices_by_name[] = {
   6,   /* field[6] = last_purchase_date */
   19,   /* field[19] = ownership_type */
   20,   /* field[20] = period_type */
+  26,   /* field[26] = price_consent_status */
+  24,   /* field[24] = price_micros */
   9,   /* field[9] = product_id */
   10,   /* field[10] = renew_state */
   11,   /* field[11] = renews_count */
   2,   /* field[2] = source */
   3,   /* field[3] = started_date */
+  28,   /* field[28] = status */
   14,   /* field[14] = transactions */
   4,   /* field[4] = trial_start_date */
   15,   /* field[15] = will_renew */
@@ -907,7 +1037,7 @@ static const unsigned entitlements__v1__entitlement__field_indices_by_name[] = {
 static const ProtobufCIntRange entitlements__v1__entitlement__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 23 }
+  { 0, 29 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__entitlement__descriptor =
 {
@@ -917,7 +1047,7 @@ const ProtobufCMessageDescriptor entitlements__v1__entitlement__descriptor =
   "Entitlements__V1__Entitlement",
   "entitlements.v1",
   sizeof(Entitlements__V1__Entitlement),
-  23,
+  29,
   entitlements__v1__entitlement__field_descriptors,
   entitlements__v1__entitlement__field_indices_by_name,
   1,  entitlements__v1__entitlement__number_ranges,
@@ -1154,5 +1284,145 @@ const ProtobufCEnumDescriptor entitlements__v1__period_type__descriptor =
   entitlements__v1__period_type__enum_values_by_name,
   1,
   entitlements__v1__period_type__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCEnumValue entitlements__v1__subscription_period__enum_values_by_number[6] =
+{
+  { "SUBSCRIPTION_PERIOD_UNSPECIFIED", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_UNSPECIFIED", 0 },
+  { "SUBSCRIPTION_PERIOD_WEEKLY", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_WEEKLY", 1 },
+  { "SUBSCRIPTION_PERIOD_MONTHLY", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_MONTHLY", 2 },
+  { "SUBSCRIPTION_PERIOD_QUARTERLY", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_QUARTERLY", 3 },
+  { "SUBSCRIPTION_PERIOD_SEMIANNUAL", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_SEMIANNUAL", 4 },
+  { "SUBSCRIPTION_PERIOD_ANNUAL", "ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_ANNUAL", 5 },
+};
+static const ProtobufCIntRange entitlements__v1__subscription_period__value_ranges[] = {
+{0, 0},{0, 6}
+};
+static const ProtobufCEnumValueIndex entitlements__v1__subscription_period__enum_values_by_name[6] =
+{
+  { "SUBSCRIPTION_PERIOD_ANNUAL", 5 },
+  { "SUBSCRIPTION_PERIOD_MONTHLY", 2 },
+  { "SUBSCRIPTION_PERIOD_QUARTERLY", 3 },
+  { "SUBSCRIPTION_PERIOD_SEMIANNUAL", 4 },
+  { "SUBSCRIPTION_PERIOD_UNSPECIFIED", 0 },
+  { "SUBSCRIPTION_PERIOD_WEEKLY", 1 },
+};
+const ProtobufCEnumDescriptor entitlements__v1__subscription_period__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "entitlements.v1.SubscriptionPeriod",
+  "SubscriptionPeriod",
+  "Entitlements__V1__SubscriptionPeriod",
+  "entitlements.v1",
+  6,
+  entitlements__v1__subscription_period__enum_values_by_number,
+  6,
+  entitlements__v1__subscription_period__enum_values_by_name,
+  1,
+  entitlements__v1__subscription_period__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCEnumValue entitlements__v1__cancellation_reason__enum_values_by_number[8] =
+{
+  { "CANCELLATION_REASON_UNSPECIFIED", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_UNSPECIFIED", 0 },
+  { "CANCELLATION_REASON_CUSTOMER", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_CUSTOMER", 1 },
+  { "CANCELLATION_REASON_BILLING_ERROR", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_BILLING_ERROR", 2 },
+  { "CANCELLATION_REASON_DEVELOPER", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_DEVELOPER", 3 },
+  { "CANCELLATION_REASON_PRICE_INCREASE", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_PRICE_INCREASE", 4 },
+  { "CANCELLATION_REASON_PRODUCT_UNAVAILABLE", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_PRODUCT_UNAVAILABLE", 5 },
+  { "CANCELLATION_REASON_REPLACED", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_REPLACED", 6 },
+  { "CANCELLATION_REASON_UNKNOWN", "ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_UNKNOWN", 7 },
+};
+static const ProtobufCIntRange entitlements__v1__cancellation_reason__value_ranges[] = {
+{0, 0},{0, 8}
+};
+static const ProtobufCEnumValueIndex entitlements__v1__cancellation_reason__enum_values_by_name[8] =
+{
+  { "CANCELLATION_REASON_BILLING_ERROR", 2 },
+  { "CANCELLATION_REASON_CUSTOMER", 1 },
+  { "CANCELLATION_REASON_DEVELOPER", 3 },
+  { "CANCELLATION_REASON_PRICE_INCREASE", 4 },
+  { "CANCELLATION_REASON_PRODUCT_UNAVAILABLE", 5 },
+  { "CANCELLATION_REASON_REPLACED", 6 },
+  { "CANCELLATION_REASON_UNKNOWN", 7 },
+  { "CANCELLATION_REASON_UNSPECIFIED", 0 },
+};
+const ProtobufCEnumDescriptor entitlements__v1__cancellation_reason__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "entitlements.v1.CancellationReason",
+  "CancellationReason",
+  "Entitlements__V1__CancellationReason",
+  "entitlements.v1",
+  8,
+  entitlements__v1__cancellation_reason__enum_values_by_number,
+  8,
+  entitlements__v1__cancellation_reason__enum_values_by_name,
+  1,
+  entitlements__v1__cancellation_reason__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCEnumValue entitlements__v1__price_consent_status__enum_values_by_number[3] =
+{
+  { "PRICE_CONSENT_STATUS_UNSPECIFIED", "ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_UNSPECIFIED", 0 },
+  { "PRICE_CONSENT_STATUS_NOTIFIED", "ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_NOTIFIED", 1 },
+  { "PRICE_CONSENT_STATUS_AGREED", "ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_AGREED", 2 },
+};
+static const ProtobufCIntRange entitlements__v1__price_consent_status__value_ranges[] = {
+{0, 0},{0, 3}
+};
+static const ProtobufCEnumValueIndex entitlements__v1__price_consent_status__enum_values_by_name[3] =
+{
+  { "PRICE_CONSENT_STATUS_AGREED", 2 },
+  { "PRICE_CONSENT_STATUS_NOTIFIED", 1 },
+  { "PRICE_CONSENT_STATUS_UNSPECIFIED", 0 },
+};
+const ProtobufCEnumDescriptor entitlements__v1__price_consent_status__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "entitlements.v1.PriceConsentStatus",
+  "PriceConsentStatus",
+  "Entitlements__V1__PriceConsentStatus",
+  "entitlements.v1",
+  3,
+  entitlements__v1__price_consent_status__enum_values_by_number,
+  3,
+  entitlements__v1__price_consent_status__enum_values_by_name,
+  1,
+  entitlements__v1__price_consent_status__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCEnumValue entitlements__v1__subscription_status__enum_values_by_number[5] =
+{
+  { "SUBSCRIPTION_STATUS_UNSPECIFIED", "ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_UNSPECIFIED", 0 },
+  { "SUBSCRIPTION_STATUS_ACTIVE", "ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_ACTIVE", 1 },
+  { "SUBSCRIPTION_STATUS_TRIALING", "ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_TRIALING", 2 },
+  { "SUBSCRIPTION_STATUS_PAST_DUE", "ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_PAST_DUE", 3 },
+  { "SUBSCRIPTION_STATUS_CANCELED", "ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_CANCELED", 4 },
+};
+static const ProtobufCIntRange entitlements__v1__subscription_status__value_ranges[] = {
+{0, 0},{0, 5}
+};
+static const ProtobufCEnumValueIndex entitlements__v1__subscription_status__enum_values_by_name[5] =
+{
+  { "SUBSCRIPTION_STATUS_ACTIVE", 1 },
+  { "SUBSCRIPTION_STATUS_CANCELED", 4 },
+  { "SUBSCRIPTION_STATUS_PAST_DUE", 3 },
+  { "SUBSCRIPTION_STATUS_TRIALING", 2 },
+  { "SUBSCRIPTION_STATUS_UNSPECIFIED", 0 },
+};
+const ProtobufCEnumDescriptor entitlements__v1__subscription_status__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "entitlements.v1.SubscriptionStatus",
+  "SubscriptionStatus",
+  "Entitlements__V1__SubscriptionStatus",
+  "entitlements.v1",
+  5,
+  entitlements__v1__subscription_status__enum_values_by_number,
+  5,
+  entitlements__v1__subscription_status__enum_values_by_name,
+  1,
+  entitlements__v1__subscription_status__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };

@@ -36,18 +36,6 @@ typedef enum _Entitlements__V1__ProductType {
   ENTITLEMENTS__V1__PRODUCT_TYPE__PRODUCT_TYPE_CONSUMABLE = 3
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__PRODUCT_TYPE)
 } Entitlements__V1__ProductType;
-/*
- * The billing period of a subscription product.
- */
-typedef enum _Entitlements__V1__SubscriptionPeriod {
-  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_UNSPECIFIED = 0,
-  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_WEEKLY = 1,
-  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_MONTHLY = 2,
-  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_QUARTERLY = 3,
-  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_SEMIANNUAL = 4,
-  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_ANNUAL = 5
-    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD)
-} Entitlements__V1__SubscriptionPeriod;
 
 /* --- messages --- */
 
@@ -444,7 +432,6 @@ typedef void (*Entitlements__V1__ReplicatedWrite_Closure)
 /* --- descriptors --- */
 
 extern const ProtobufCEnumDescriptor    entitlements__v1__product_type__descriptor;
-extern const ProtobufCEnumDescriptor    entitlements__v1__subscription_period__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__product__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__catalog__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__customer_record__descriptor;

@@ -100,6 +100,82 @@ typedef enum _Entitlements__V1__PeriodType {
   ENTITLEMENTS__V1__PERIOD_TYPE__PERIOD_TYPE_INTRO = 3
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__PERIOD_TYPE)
 } Entitlements__V1__PeriodType;
+/*
+ * The billing period of a subscription product.
+ */
+typedef enum _Entitlements__V1__SubscriptionPeriod {
+  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_UNSPECIFIED = 0,
+  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_WEEKLY = 1,
+  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_MONTHLY = 2,
+  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_QUARTERLY = 3,
+  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_SEMIANNUAL = 4,
+  ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_ANNUAL = 5
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD)
+} Entitlements__V1__SubscriptionPeriod;
+/*
+ * Why a subscription stopped renewing, as the store said it (docs/entitlement-rules.md).
+ */
+typedef enum _Entitlements__V1__CancellationReason {
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_UNSPECIFIED = 0,
+  /*
+   * The customer turned auto-renew off or canceled.
+   */
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_CUSTOMER = 1,
+  /*
+   * A payment failed.
+   */
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_BILLING_ERROR = 2,
+  /*
+   * The developer (or merchant) canceled it.
+   */
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_DEVELOPER = 3,
+  /*
+   * The customer did not agree to a price increase.
+   */
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_PRICE_INCREASE = 4,
+  /*
+   * The product was not for sale at renewal.
+   */
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_PRODUCT_UNAVAILABLE = 5,
+  /*
+   * Replaced by another subscription (an upgrade or crossgrade).
+   */
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_REPLACED = 6,
+  /*
+   * The store gave a reason it does not explain.
+   */
+  ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_UNKNOWN = 7
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__CANCELLATION_REASON)
+} Entitlements__V1__CancellationReason;
+/*
+ * The customer's answer to a price increase of their subscription.
+ */
+typedef enum _Entitlements__V1__PriceConsentStatus {
+  ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_UNSPECIFIED = 0,
+  /*
+   * Told of the increase, not agreed (yet).
+   */
+  ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_NOTIFIED = 1,
+  ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_AGREED = 2
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__PRICE_CONSENT_STATUS)
+} Entitlements__V1__PriceConsentStatus;
+/*
+ * A subscription's status in store-neutral terms (docs/entitlement-rules.md).
+ */
+typedef enum _Entitlements__V1__SubscriptionStatus {
+  ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_UNSPECIFIED = 0,
+  ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_ACTIVE = 1,
+  ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_TRIALING = 2,
+  /*
+   * A renewal payment failed; the store is retrying.
+   */
+  ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_PAST_DUE = 3,
+  /*
+   * Ended: expired, revoked, or ended by the store.
+   */
+  ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_CANCELED = 4
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__SUBSCRIPTION_STATUS)
+} Entitlements__V1__SubscriptionStatus;
 
 /* --- messages --- */
 
@@ -142,10 +218,20 @@ struct  Entitlements__V1__Transaction
   Entitlements__V1__OwnershipType ownership_type;
   protobuf_c_boolean has_type;
   Entitlements__V1__TransactionType type;
+  /*
+   * What the customer paid for this transaction's period, in millionths of `currency`
+   * (9.99 USD is 9990000), whatever unit the store used. Absent when unknown.
+   */
+  protobuf_c_boolean has_price_micros;
+  int64_t price_micros;
+  /*
+   * ISO 4217, upper case ("USD"). Set with price_micros.
+   */
+  char *currency;
 };
 #define ENTITLEMENTS__V1__TRANSACTION__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__transaction__descriptor) \
-    , NULL, NULL, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, ENTITLEMENTS__V1__OWNERSHIP_TYPE__OWNERSHIP_TYPE_UNSPECIFIED, 0, ENTITLEMENTS__V1__TRANSACTION_TYPE__TRANSACTION_TYPE_UNSPECIFIED }
+    , NULL, NULL, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, ENTITLEMENTS__V1__OWNERSHIP_TYPE__OWNERSHIP_TYPE_UNSPECIFIED, 0, ENTITLEMENTS__V1__TRANSACTION_TYPE__TRANSACTION_TYPE_UNSPECIFIED, 0, 0, NULL }
 
 
 /*
@@ -186,10 +272,20 @@ struct  Entitlements__V1__SubscriptionState
    */
   protobuf_c_boolean has_ended_date;
   int64_t ended_date;
+  /*
+   * Why the subscription stopped (or will stop) renewing, when the store says.
+   */
+  protobuf_c_boolean has_cancellation_reason;
+  Entitlements__V1__CancellationReason cancellation_reason;
+  /*
+   * The customer's answer to a pending or past price increase, when the store says.
+   */
+  protobuf_c_boolean has_price_consent_status;
+  Entitlements__V1__PriceConsentStatus price_consent_status;
 };
 #define ENTITLEMENTS__V1__SUBSCRIPTION_STATE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__subscription_state__descriptor) \
-    , 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_UNSPECIFIED, 0, ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_UNSPECIFIED }
 
 
 /*
@@ -277,10 +373,40 @@ struct  Entitlements__V1__Entitlement
   int64_t grace_period_expiration_date;
   protobuf_c_boolean has_billing_issue_detected_date;
   int64_t billing_issue_detected_date;
+  /*
+   * From the winning chain's state: why it stopped renewing. Absent when unknown.
+   */
+  protobuf_c_boolean has_cancellation_reason;
+  Entitlements__V1__CancellationReason cancellation_reason;
+  /*
+   * The price of the winning chain's current transaction, in millionths of `currency`.
+   */
+  protobuf_c_boolean has_price_micros;
+  int64_t price_micros;
+  /*
+   * ISO 4217, upper case.
+   */
+  char *currency;
+  /*
+   * From the winning chain's state: the answer to a price increase.
+   */
+  protobuf_c_boolean has_price_consent_status;
+  Entitlements__V1__PriceConsentStatus price_consent_status;
+  /*
+   * The catalog period of the winning product (subscriptions only).
+   */
+  protobuf_c_boolean has_interval;
+  Entitlements__V1__SubscriptionPeriod interval;
+  /*
+   * Store-neutral status of the winning subscription; absent for grants and
+   * non-consumables.
+   */
+  protobuf_c_boolean has_status;
+  Entitlements__V1__SubscriptionStatus status;
 };
 #define ENTITLEMENTS__V1__ENTITLEMENT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__entitlement__descriptor) \
-    , NULL, 0, 0, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0, ENTITLEMENTS__V1__RENEW_STATE__RENEW_STATE_UNKNOWN, 0, 0, 0, ENTITLEMENTS__V1__GRANT_TYPE__GRANT_TYPE_UNSPECIFIED, NULL, 0,NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__OWNERSHIP_TYPE__OWNERSHIP_TYPE_UNSPECIFIED, 0, ENTITLEMENTS__V1__PERIOD_TYPE__PERIOD_TYPE_UNSPECIFIED, 0, 0, 0, 0 }
+    , NULL, 0, 0, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0, ENTITLEMENTS__V1__RENEW_STATE__RENEW_STATE_UNKNOWN, 0, 0, 0, ENTITLEMENTS__V1__GRANT_TYPE__GRANT_TYPE_UNSPECIFIED, NULL, 0,NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__OWNERSHIP_TYPE__OWNERSHIP_TYPE_UNSPECIFIED, 0, ENTITLEMENTS__V1__PERIOD_TYPE__PERIOD_TYPE_UNSPECIFIED, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_UNSPECIFIED, 0, 0, NULL, 0, ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_UNSPECIFIED, 0, ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_UNSPECIFIED, 0, ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_UNSPECIFIED }
 
 
 /* Entitlements__V1__Transaction methods */
@@ -386,6 +512,10 @@ extern const ProtobufCEnumDescriptor    entitlements__v1__transaction_type__desc
 extern const ProtobufCEnumDescriptor    entitlements__v1__renew_state__descriptor;
 extern const ProtobufCEnumDescriptor    entitlements__v1__grant_type__descriptor;
 extern const ProtobufCEnumDescriptor    entitlements__v1__period_type__descriptor;
+extern const ProtobufCEnumDescriptor    entitlements__v1__subscription_period__descriptor;
+extern const ProtobufCEnumDescriptor    entitlements__v1__cancellation_reason__descriptor;
+extern const ProtobufCEnumDescriptor    entitlements__v1__price_consent_status__descriptor;
+extern const ProtobufCEnumDescriptor    entitlements__v1__subscription_status__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__transaction__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__subscription_state__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__grant__descriptor;

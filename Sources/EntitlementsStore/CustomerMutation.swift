@@ -289,8 +289,13 @@ public struct CustomerMutation {
         // only the change, as the App Store does, sends later states without the date).
         // Only for dated states (event_date), so manual writes and older logs replay as
         // they were applied.
-        if state.eventDate != nil, state.autoRenewEnabled == false, state.autoRenewDisabledDate == nil, let stored, stored.autoRenewEnabled == false {
-            state.autoRenewDisabledDate = stored.autoRenewDisabledDate
+        if state.eventDate != nil, state.autoRenewEnabled == false, let stored, stored.autoRenewEnabled == false {
+            if state.autoRenewDisabledDate == nil {
+                state.autoRenewDisabledDate = stored.autoRenewDisabledDate
+            }
+            if state.cancellationReason == .unspecified {
+                state.cancellationReason = stored.cancellationReason  // and why, likewise
+            }
         }
         var logged = request
         logged.userId = customerId
@@ -303,13 +308,16 @@ public struct CustomerMutation {
             // turned it back on after the stored date clears it (that was not the last time
             // it went off).
             if var newer = stored, newer.autoRenewEnabled == false {
-                let before = newer.autoRenewDisabledDate
-                if state.autoRenewEnabled == false, let date = state.autoRenewDisabledDate, date > before ?? .min {
+                let before = newer
+                if state.autoRenewEnabled == false, let date = state.autoRenewDisabledDate, date > before.autoRenewDisabledDate ?? .min {
                     newer.autoRenewDisabledDate = date
-                } else if state.autoRenewEnabled == true, let date = before, incoming > date {
+                    if state.cancellationReason != .unspecified, newer.cancellationReason == .unspecified {
+                        newer.cancellationReason = state.cancellationReason  // and why
+                    }
+                } else if state.autoRenewEnabled == true, let date = before.autoRenewDisabledDate, incoming > date {
                     newer.autoRenewDisabledDate = nil
                 }
-                if newer.autoRenewDisabledDate != before {
+                if newer != before {
                     _ = Self.upsert(newer, into: &record.subscriptions, matching: matching)
                     effect.records[customerId] = record
                 }

@@ -665,7 +665,14 @@ struct FleetTests {
         ])
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: serve.port)), eventLoopGroup: group)
-        #expect(try serve.admin("/readyz").status == 200)
+        // Ready once it has heard from PostgreSQL within --max-staleness: under a loaded
+        // machine a poll can come later than 400 ms, so wait for it, bounded at 10 s.
+        var started = try serve.admin("/readyz")
+        for _ in 0..<200 where started.status != 200 {
+            try await Task.sleep(for: .milliseconds(50))
+            started = try serve.admin("/readyz")
+        }
+        #expect(started.status == 200, "\(started)")
         #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "alice")).customerId == "alice")
 
         try world.postgres.stop(mode: "immediate")

@@ -85,6 +85,7 @@ struct AppStoreWebhookTests {
             notification = try a.notification("SUBSCRIBED", subtype: "INITIAL_BUY", uuid: "n", at: 1, transaction: intro, renewal: a.renewal(original: "3000", renews: true))
             check = { record in
                 #expect(record?.transactions.first?.type == .introStarted)
+                #expect(record?.transactions.first?.priceMicros == 990_000 && record?.transactions.first?.currency == "USD")
                 #expect(record?.transactions.first?.environment == .sandbox)
                 #expect(record?.transactions.first?.ownershipType == .owner)
                 #expect(record?.subscriptions.first?.autoRenewEnabled == true)
@@ -126,22 +127,30 @@ struct AppStoreWebhookTests {
             notification = try a.notification("GRACE_PERIOD_EXPIRED", uuid: "n", at: 1, transaction: bought, renewal: a.renewal(original: "3000", renews: true, retrying: true, grace: 26))
             check = { record in #expect(record?.subscriptions.first?.gracePeriodExpirationDate == a.base + 26 * A.day) }
         case "EXPIRED":
-            notification = try a.notification("EXPIRED", subtype: "VOLUNTARY", uuid: "n", at: 1, transaction: bought, renewal: a.renewal(original: "3000", renews: false, fields: [("expirationIntent", 1)]))
+            notification = try a.notification("EXPIRED", subtype: "PRICE_INCREASE", uuid: "n", at: 1, transaction: bought, renewal: a.renewal(original: "3000", renews: false, fields: [("expirationIntent", 3)]))
             check = { record in
                 #expect(record?.subscriptions.first?.autoRenewEnabled == false)
                 #expect(record?.subscriptions.first?.isInBillingRetry == false)
+                #expect(record?.subscriptions.first?.cancellationReason == .priceIncrease)
             }
         case "REFUND", "REVOKE":
             var fields: [(String, JSON)] = []
             if name == "REVOKE" {
                 fields = [("inAppOwnershipType", "FAMILY_SHARED")]
                 prior = [try a.notification("SUBSCRIBED", uuid: "s", at: 0, transaction: a.transaction("3000", original: "3000", token: token, purchased: -10, fields: fields), renewal: nil)]
+            } else {
+                // Auto-renew turned off first: the refund's state keeps when and why.
+                prior.append(try a.notification("DID_CHANGE_RENEWAL_STATUS", subtype: "AUTO_RENEW_DISABLED", uuid: "d", at: 1, transaction: bought, renewal: a.renewal(original: "3000", renews: false)))
             }
             let refunded = a.transaction("3000", original: "3000", token: token, purchased: -10, revoked: -2, fields: fields)
-            notification = try a.notification(name, uuid: "n", at: 1, transaction: refunded, renewal: a.renewal(original: "3000", renews: false))
+            notification = try a.notification(name, uuid: "n", at: 2, transaction: refunded, renewal: a.renewal(original: "3000", renews: false))
             check = { record in
                 #expect(record?.transactions.first?.revocationDate == a.base - 2 * A.day)
                 #expect(record?.transactions.first?.ownershipType == (name == "REVOKE" ? .familySharing : .owner))
+                if name == "REFUND" {
+                    #expect(record?.subscriptions.first?.cancellationReason == .customer)
+                    #expect(record?.subscriptions.first?.autoRenewDisabledDate == a.signedDate(1))
+                }
             }
         case "REFUND_REVERSED":
             let refunded = a.transaction("3000", original: "3000", token: token, purchased: -10, revoked: -2)
@@ -158,7 +167,10 @@ struct AppStoreWebhookTests {
                 "PRICE_INCREASE", subtype: "PENDING", uuid: "n", at: 1, transaction: bought,
                 renewal: a.renewal(original: "3000", renews: true, fields: [("priceIncreaseStatus", 0)])
             )
-            check = { record in #expect(record?.subscriptions.first?.eventDate == a.signedDate(1)) }
+            check = { record in
+                #expect(record?.subscriptions.first?.eventDate == a.signedDate(1))
+                #expect(record?.subscriptions.first?.priceConsentStatus == .notified)
+            }
         case "ONE_TIME_CHARGE":
             prior = []
             let lifetime = a.transaction("4000", original: "4000", token: token, purchased: -1, product: A.lifetime)
@@ -267,6 +279,7 @@ struct AppStoreWebhookTests {
         #expect(record?.transactions.map(\.revocationDate) == [nil, a.base - 3 * A.day])
         #expect(record?.subscriptions.first?.autoRenewEnabled == false)
         #expect(record?.subscriptions.first?.autoRenewDisabledDate == a.signedDate(2))
+        #expect(record?.subscriptions.first?.cancellationReason == .customer)
         #expect(record?.subscriptions.first?.eventDate == a.signedDate(4))
         try await fixture.stop()
     }

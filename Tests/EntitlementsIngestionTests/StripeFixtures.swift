@@ -89,7 +89,7 @@ enum StripeFixture {
                 "amount_paid": .integer(amountPaid), "currency": "usd",
                 "parent": ["type": "subscription_details", "subscription_details": ["subscription": .string(subscription), "metadata": metadata]],
                 "lines": ["data": [[
-                    "id": "il_1", "period": ["start": .integer(periodStart), "end": .integer(periodEnd)],
+                    "id": "il_1", "amount": .integer(amountPaid), "period": ["start": .integer(periodStart), "end": .integer(periodEnd)],
                     "parent": ["type": "subscription_item_details"],
                     "pricing": ["type": "price_details", "price_details": ["price": .string(price), "product": "prod_premium"]],
                 ]]],
@@ -99,7 +99,7 @@ enum StripeFixture {
             "id": .string(id), "object": "invoice", "customer": .string(customer), "livemode": false, "billing_reason": .string(reason),
             "amount_paid": .integer(amountPaid), "currency": "usd", "subscription": .string(subscription), "subscription_details": ["metadata": metadata],
             "lines": ["data": [[
-                "id": "il_1", "type": "subscription", "period": ["start": .integer(periodStart), "end": .integer(periodEnd)],
+                "id": "il_1", "type": "subscription", "amount": .integer(amountPaid), "period": ["start": .integer(periodStart), "end": .integer(periodEnd)],
                 "price": ["id": .string(price), "product": "prod_premium"],
             ]]],
         ]

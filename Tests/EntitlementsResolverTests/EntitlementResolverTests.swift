@@ -540,3 +540,45 @@ func idOrderIsTotal() {
         }
     }
 }
+
+@Suite("rule 13: subscription status, and the subscription view's fields from the winner")
+struct SubscriptionStatusRuleTests {
+    let period = [tx("1", type: .subscriptionStarted, at: t0, expires: t0 + 30 * day)]
+
+    @Test("active, trialing, past_due (in grace, or after it while the store retries), canceled (expired, revoked, retries over)")
+    func status() {
+        #expect(resolver.resolve(customer(period, states: [state()]), at: t0 + day)["premium"]?.status == .active)
+        #expect(resolver.resolve(customer(period, states: [state(autoRenew: false)]), at: t0 + day)["premium"]?.status == .active)
+        let trial = [tx("1", type: .trialStarted, at: t0, expires: t0 + 7 * day)]
+        #expect(resolver.resolve(customer(trial), at: t0 + day)["premium"]?.status == .trialing)
+        let failing = state(billingIssue: t0 + 30 * day, grace: t0 + 36 * day, retry: true)
+        #expect(resolver.resolve(customer(period, states: [failing]), at: t0 + 31 * day)["premium"]?.status == .pastDue)
+        #expect(resolver.resolve(customer(period, states: [failing]), at: t0 + 40 * day)["premium"]?.status == .pastDue, "still retrying")
+        var over = failing
+        over.isInBillingRetry = false
+        #expect(resolver.resolve(customer(period, states: [over]), at: t0 + 40 * day)["premium"]?.status == .canceled, "retries over")
+        #expect(resolver.resolve(customer(period), at: t0 + 31 * day)["premium"]?.status == .canceled, "expired")
+        let revoked = [tx("1", type: .subscriptionStarted, at: t0, expires: t0 + 30 * day, revoked: t0 + 2 * day)]
+        #expect(resolver.resolve(customer(revoked, states: [failing]), at: t0 + 3 * day)["premium"]?.status == .canceled, "revoked")
+    }
+
+    @Test("no status and no interval for a non-consumable or a grant; interval from the catalog; price, reason and consent from the winner")
+    func viewFields() {
+        let lifetime = resolver.resolve(customer([tx("l", chain: "l", product: "lifetime", type: .nonConsumablePurchase, at: t0)]), at: t0 + day)["premium"]
+        #expect(lifetime?.status == .unspecified && lifetime?.interval == .unspecified)
+        let granted = resolver.resolve(customer(grants: [grant("g", granted: t0)]), at: t0 + day)["premium"]
+        #expect(granted?.status == .unspecified && granted?.interval == .unspecified && granted?.priceMicros == nil)
+        var paid = tx("a", chain: "a", product: "annual", type: .subscriptionStarted, at: t0, expires: t0 + 365 * day)
+        paid.priceMicros = 59_990_000
+        paid.currency = "USD"
+        var view = state(chain: "a", autoRenew: false)
+        view.cancellationReason = .priceIncrease
+        view.priceConsentStatus = .notified
+        let annual = resolver.resolve(customer([paid], states: [view]), at: t0 + day)["pro"]
+        #expect(annual?.interval == .annual)
+        #expect(annual?.priceMicros == 59_990_000 && annual?.currency == "USD")
+        #expect(annual?.cancellationReason == .priceIncrease && annual?.priceConsentStatus == .notified)
+        let monthly = resolver.resolve(customer(period), at: t0 + day)["premium"]
+        #expect(monthly?.interval == .monthly && monthly?.priceMicros == nil && monthly?.cancellationReason == .unspecified)
+    }
+}

@@ -161,9 +161,11 @@ public struct StripeEvents: Sendable {
             ownershipType: .owner,
             type: type
         )
-        // What the customer paid: the invoice's amount_paid, in the currency's smallest unit.
-        if let paid = invoice["amount_paid"].int64, let currency = StorePrice.currency(invoice["currency"].string?.uppercased()),
-            let micros = StorePrice.micros(smallestUnits: paid, currency: currency)
+        // The period's price: the line's amount less its discounts, in the currency's
+        // smallest unit (tax, other items and a credit balance applied are not in it).
+        let discounts = line["discount_amounts"].array.reduce(Int64(0)) { $0 &+ ($1["amount"].int64 ?? 0) }
+        if let amount = line["amount"].int64, let currency = StorePrice.currency(invoice["currency"].string?.uppercased()),
+            let micros = StorePrice.micros(smallestUnits: amount &- discounts, currency: currency)
         {
             transaction.priceMicros = micros
             transaction.currency = currency

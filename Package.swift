@@ -344,6 +344,7 @@ let package = Package(
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 "EntitlementsMessages",
+                "EntitlementsSecurity",
                 "EntitlementsServer",
                 "EntitlementsStore",
                 "EntitlementsTools",

@@ -14,7 +14,7 @@ public enum WebhookListener {
     public static let maximumBodyBytes = 1 << 20
 
     public static func door(host: String, port: Int, ingestion: WebhookIngestion, security: ListenerSecurity = .open("webhooks")) -> ServerDoor {
-        ServerDoor(name: "webhooks", host: host, port: port, security: security) { channel, methods, _ in
+        ServerDoor(name: "webhooks", host: host, port: port, security: security, protocols: .webhooks) { channel, methods, _ in
             try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
             try channel.pipeline.syncOperations.addHandler(WebhookHandler(ingestion: ingestion, methods: methods))
         }

@@ -87,12 +87,16 @@ public final class ServerTLS: Sendable {
         case http
         /// The admin listener: `http/1.1`.
         case http1
+        /// The store webhooks: `http/1.1`, and no client certificate asked for even with
+        /// --tls-client-ca (the stores have none; their signatures authenticate each event).
+        case webhooks
     }
 
     private struct Contexts: Sendable {
         var framed: NIOSSLContext
         var http: NIOSSLContext
         var http1: NIOSSLContext
+        var webhooks: NIOSSLContext
         /// The leaf certificate's last valid instant (Unix seconds).
         var notValidAfter: Int
     }
@@ -127,6 +131,7 @@ public final class ServerTLS: Sendable {
             case .framed: contexts.framed
             case .http: contexts.http
             case .http1: contexts.http1
+            case .webhooks: contexts.webhooks
             }
         }
         return NIOSSLServerHandler(context: context)
@@ -173,9 +178,12 @@ public final class ServerTLS: Sendable {
             configuration.trustRoots = .certificates(try Self.certificates(clientCA, setting: "--tls-client-ca"))
             configuration.certificateVerification = .noHostnameVerification
         }
-        func context(_ protocols: [String]) throws -> NIOSSLContext {
+        func context(_ protocols: [String], clientCertificates: Bool = true) throws -> NIOSSLContext {
             var configuration = configuration
             configuration.applicationProtocols = protocols
+            if !clientCertificates {
+                configuration.certificateVerification = .none
+            }
             do {
                 return try NIOSSLContext(configuration: configuration)
             } catch {
@@ -186,6 +194,7 @@ public final class ServerTLS: Sendable {
             framed: try context([]),
             http: try context(["h2", "http/1.1"]),
             http1: try context(["http/1.1"]),
+            webhooks: try context(["http/1.1"], clientCertificates: false),
             notValidAfter: leaf.notValidAfter
         )
     }
@@ -289,7 +298,7 @@ final class PlaintextOnTLSPort: ChannelInboundHandler, RemovableChannelHandler {
         switch self.protocols {
         case .framed:
             _ = answer.writeFrame(.error(status: .unavailable, message: Self.message))
-        case .http, .http1:
+        case .http, .http1, .webhooks:
             let body = Self.message + "\n"
             answer.writeString("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
         }

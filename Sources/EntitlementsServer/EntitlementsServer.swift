@@ -135,6 +135,8 @@ public struct ServerDoor: Sendable {
     public var port: Int
     /// Who may do what through the door, and its TLS (added before `configure` runs).
     public var security: ListenerSecurity
+    /// What the door speaks inside TLS (ALPN, and whether client certificates are asked for).
+    public var protocols: ServerTLS.Protocols
     /// Sets up an accepted connection's pipeline, on its event loop, after TLS if any; the
     /// credentials are the connection's (its client certificate, once the handshake is done).
     public var configure: @Sendable (any Channel, EntitlementMethods, ConnectionCredentials) throws -> Void
@@ -144,12 +146,14 @@ public struct ServerDoor: Sendable {
         host: String,
         port: Int,
         security: ListenerSecurity,
+        protocols: ServerTLS.Protocols = .http,
         configure: @escaping @Sendable (any Channel, EntitlementMethods, ConnectionCredentials) throws -> Void
     ) {
         self.name = name
         self.host = host
         self.port = port
         self.security = security
+        self.protocols = protocols
         self.configure = configure
     }
 }
@@ -354,7 +358,7 @@ public final class EntitlementsServer: Sendable {
                 }
             }
             for door in doors {
-                let channel = try await bootstrap(door.security, .http, { channel, credentials in
+                let channel = try await bootstrap(door.security, door.protocols, { channel, credentials in
                     try door.configure(channel, methods, credentials)
                 }, refuse: { channel in
                     // Not framed: the door's protocol has no way to say why before it

@@ -269,7 +269,7 @@ struct ServeCommand: AsyncParsableCommand {
                 metrics: metrics,
                 logger: logger,
                 doors: (try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1, security: security.grpc)] } ?? [])
-                    + (try settings.webhooks(factory: factory).map { [$0] } ?? [])
+                    + (try settings.webhooks(factory: factory, security: security.webhooks).map { [$0] } ?? [])
             ) { message in
                 logger.notice("\(message)")
             }
@@ -298,7 +298,7 @@ struct ServeCommand: AsyncParsableCommand {
         }
         if let address = server.doorAddresses["webhooks"] {
             let routes = settings.webhookRoutes()
-            Self.say("webhooks listening on \(address.ipAddress ?? "?"):\(address.port ?? 0) (POST \(routes.joined(separator: ", ")))")
+            Self.say("webhooks listening on \(address.ipAddress ?? "?"):\(address.port ?? 0) (POST \(routes.joined(separator: ", "))\(security.webhooks.tls != nil ? ", TLS" : ""))")
         }
         Self.describe(security, configuration, door: server.doorAddresses["grpc"] != nil)
         readiness.set(.ready)

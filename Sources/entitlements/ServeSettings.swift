@@ -16,6 +16,9 @@ struct ServeSecurity {
     var unix: ListenerSecurity
     var grpc: ListenerSecurity
     var admin: ListenerSecurity
+    /// The store webhooks: TLS when --tls-cert is set, without client certificates; no
+    /// tokens (each event's signature authenticates it).
+    var webhooks: ListenerSecurity
     var tokens: AccessTokens?
     var tls: ServerTLS?
 }
@@ -343,6 +346,7 @@ struct ServeSettings {
             unix: ListenerSecurity(policy: unix, tokens: tokens),
             grpc: ListenerSecurity(policy: grpc, tokens: tokens, tls: tls),
             admin: ListenerSecurity(policy: admin, tokens: tokens, tls: tls),
+            webhooks: ListenerSecurity(policy: .open("webhooks"), tls: tls),
             tokens: tokens,
             tls: tls
         )
@@ -532,7 +536,7 @@ extension ServeSettings {
 
     /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its
     /// counters go to `factory` (the server's Prometheus registry).
-    func webhooks(factory: (any MetricsFactory)? = nil) throws -> ServerDoor? {
+    func webhooks(factory: (any MetricsFactory)? = nil, security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks"))) throws -> ServerDoor? {
         let address = try self.address("webhooks-listen")
         let stripe = try self.stripeWebhooks()
         let appStore = try self.appStoreWebhooks()
@@ -552,6 +556,6 @@ extension ServeSettings {
             throw ValidationError("--webhooks-listen needs --data-dir (and, in fleet mode, --postgres): the events are writes")
         }
         let ingestion = WebhookIngestion(stripe: stripe, appStore: appStore, factory: factory ?? MetricsSystem.factory)
-        return WebhookListener.door(host: address.host, port: address.port, ingestion: ingestion)
+        return WebhookListener.door(host: address.host, port: address.port, ingestion: ingestion, security: security)
     }
 }

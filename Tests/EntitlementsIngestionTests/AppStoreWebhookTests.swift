@@ -1,3 +1,4 @@
+import EntitlementsSecurity
 @testable import EntitlementsIngestion
 import EntitlementsMessages
 import EntitlementsServer
@@ -356,6 +357,36 @@ struct AppStoreWebhookTests {
         #expect(truncated.hasPrefix("HTTP/1.1 400") && truncated.contains("bad_signature"), "\(truncated)")
         #expect(await post("/webhooks/stripe", "{}").hasPrefix("HTTP/1.1 400"), "Stripe's route is served beside it")
         #expect(try fixture.record(token)?.transactions.map(\.transactionId) == ["9100"])
+        try await fixture.stop()
+    }
+
+    @Test("over TLS with --tls-client-ca set: the webhook listener asks the stores for no client certificate, and speaks HTTP/1.1")
+    func overTLS() async throws {
+        let a = self.apple
+        let c = a.certificates
+        let tls = try ServerTLS(files: .init(certificate: c.path("leaf.pem"), privateKey: c.path("leaf.key"), clientCA: c.path("root.pem")))
+        #expect(tls.requiresClientCertificates)
+        let fixture = try await WebhookFixture(now: a.base, appStore: try a.settings, security: ListenerSecurity(policy: .open("webhooks"), tls: tls))
+        let token = "0c1d2e3f-0000-4000-8000-0000000000bb"
+        let signed = try a.notification("SUBSCRIBED", uuid: "tls", at: 1, transaction: a.transaction("9200", original: "9200", token: token, purchased: -1), renewal: nil)
+        let body = #"{"signedPayload":"\#(signed)"}"#
+        let request = "POST /webhooks/appstore HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)"
+        // openssl s_client: no client certificate, ALPN http/1.1 as the stores' clients offer.
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = ["s_client", "-connect", "127.0.0.1:\(fixture.port)", "-quiet", "-alpn", "h2,http/1.1"]
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        input.fileHandleForWriting.write(Data(request.utf8))
+        let answer = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        try input.fileHandleForWriting.close()
+        process.waitUntilExit()
+        #expect(answer.hasPrefix("HTTP/1.1 200"), "\(answer)")
+        #expect(try fixture.record(token)?.transactions.map(\.transactionId) == ["9200"])
         try await fixture.stop()
     }
 

@@ -1,5 +1,6 @@
 import EntitlementsIngestion
 import EntitlementsMessages
+import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsStore
 import EntitlementsTools
@@ -23,7 +24,7 @@ final class WebhookFixture: Sendable {
     var methods: EntitlementMethods { self.server.methods }
     var loop: any EventLoop { self.group.next() }
 
-    init(now: Int64, appStore: AppStoreWebhookSettings? = nil) async throws {
+    init(now: Int64, appStore: AppStoreWebhookSettings? = nil, security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks"))) async throws {
         self.directory = FileManager.default.temporaryDirectory.appendingPathComponent("webhooks-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: self.directory, withIntermediateDirectories: true)
         let catalog = #"""
@@ -44,7 +45,7 @@ final class WebhookFixture: Sendable {
             configuration: ServerConfiguration(tcp: ("127.0.0.1", 0)),
             group: self.group,
             warmAt: now,
-            doors: [WebhookListener.door(host: "127.0.0.1", port: 0, ingestion: self.ingestion)]
+            doors: [WebhookListener.door(host: "127.0.0.1", port: 0, ingestion: self.ingestion, security: security)]
         )
     }
 

@@ -67,10 +67,16 @@ public final class WebhookIngestion: Sendable {
         self.clock = clock ?? { WallClock.unixMilliseconds() / 1000 }
     }
 
-    /// The paths served.
-    public var routes: [String] {
-        (self.stripe == nil ? [] : ["/webhooks/stripe"]) + (self.appStore == nil ? [] : ["/webhooks/appstore"])
+    public static let stripePath = "/webhooks/stripe"
+    public static let appStorePath = "/webhooks/appstore"
+
+    /// The paths served with these stores set up.
+    public static func routes(stripe: Bool, appStore: Bool) -> [String] {
+        (stripe ? [Self.stripePath] : []) + (appStore ? [Self.appStorePath] : [])
     }
+
+    /// The paths served.
+    public var routes: [String] { Self.routes(stripe: self.stripe != nil, appStore: self.appStore != nil) }
 
     /// `POST /webhooks/stripe`.
     public func stripe(signature: String?, body: [UInt8], methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {

@@ -30,6 +30,8 @@ final class WebhookHandler: ChannelInboundHandler {
     private let ingestion: WebhookIngestion
     private let methods: EntitlementMethods
     private var head: HTTPRequestHead?
+    /// The request's path, without its query.
+    private var path = ""
     private var body: [UInt8] = []
     private var answered = false
     private var idleTimer: Scheduled<Void>?
@@ -75,6 +77,7 @@ final class WebhookHandler: ChannelInboundHandler {
             self.body = []
             self.answered = false
             let path = String(head.uri.split(separator: "?", maxSplits: 1).first ?? "")
+            self.path = path
             if !self.ingestion.routes.contains(path) {
                 let served = self.ingestion.routes.isEmpty ? "none" : self.ingestion.routes.joined(separator: ", ")
                 self.respond(context: context, WebhookAnswer(status: 404, body: WebhookIngestion.json(["error": .string("\(path): no such webhook here (served: \(served))")])))
@@ -102,7 +105,7 @@ final class WebhookHandler: ChannelInboundHandler {
             let ingestion = self.ingestion
             let methods = self.methods
             let signature = head.headers.first(name: "stripe-signature")
-            let isAppStore = head.uri.hasPrefix("/webhooks/appstore")
+            let isAppStore = self.path == WebhookIngestion.appStorePath
             let eventLoop = context.eventLoop
             let loopBound = NIOLoopBound((self, context), eventLoop: eventLoop)
             Task {

@@ -361,7 +361,6 @@ private struct Candidate {
         case .introStarted, .introRenewed: periodType = .intro
         default: periodType = .normal
         }
-        let isInGracePeriod = chain.isActive && current.expirationDate.map { instant >= $0 } ?? false
         // Rule 13.
         let status: SubscriptionStatus
         if current.type == .nonConsumablePurchase || current.expirationDate == nil {
@@ -390,7 +389,7 @@ private struct Candidate {
             lastActivatedOfferCode: lastActivatedOfferCode,
             transactions: transactions,
             willRenew: renewState == .willRenew,
-            isInGracePeriod: isInGracePeriod,
+            isInGracePeriod: chain.isActive && current.expirationDate.map { instant >= $0 } ?? false,
             isInBillingRetry: (chain.state?.isInBillingRetry ?? false) && renewState == .billingIssue,
             isRevoked: chain.isRevoked,
             ownershipType: ownershipType,

@@ -531,7 +531,7 @@ extension ServeSettings {
 
     /// The paths --webhooks-listen serves, for the start-up line.
     func webhookRoutes() -> [String] {
-        (self.text("stripe-webhook-secret-file") == nil ? [] : ["/webhooks/stripe"]) + (self.text("appstore-root-cert") == nil ? [] : ["/webhooks/appstore"])
+        WebhookIngestion.routes(stripe: self.text("stripe-webhook-secret-file") != nil, appStore: self.text("appstore-root-cert") != nil)
     }
 
     /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its

@@ -120,14 +120,10 @@ public struct AppStoreNotifications: Sendable {
             }
         }
 
-        var writes: [StoreWrite] = []
-        switch type {
-        case "REFUND_REVERSED":
-            // Apple sends the transaction as it now is, without its revocation.
-            writes.append(.transaction(record, keepRevocation: false))
-        default:
-            writes.append(.transaction(record, keepRevocation: record.revocationDate == nil))
-        }
+        // The transaction's own revocation (a refund) replaces the stored one, as does its
+        // absence in REFUND_REVERSED (Apple sends the transaction as it now is); any other
+        // notification without one keeps a stored refund.
+        var writes: [StoreWrite] = [.transaction(record, keepRevocation: record.revocationDate == nil && type != "REFUND_REVERSED")]
         if kind == "Auto-Renewable Subscription", let renewal = signed.renewal {
             writes.append(.state(Self.state(renewal, original: original, type: type, subtype: subtype, eventDate: eventDate, lastExpiration: record.expirationDate)))
         }

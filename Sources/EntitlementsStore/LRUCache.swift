@@ -1,6 +1,9 @@
+import CEntitlementsShim
+
 /// A least-recently-used cache of answers, bounded by bytes. O(1) lookup, insertion and
-/// eviction: a dictionary from key to slot, and a doubly linked list threaded through an
-/// array of slots by index (no per-entry objects, no reference counting on the list).
+/// eviction: an open-addressing index from key to slot (``SlotIndex``), and a doubly
+/// linked list threaded through an array of slots by index (no per-entry objects, no
+/// reference counting on the list).
 ///
 /// A value type with no locks: each resolver actor owns one shard (see
 /// ``shardIndex(for:shardCount:)``), so a shard is only ever touched by its owner.
@@ -56,13 +59,18 @@ public struct LRUCache: Sendable {
         var next: Int32
         /// The next entry of the same customer (another request shape); -1 at the end.
         var nextOfCustomer: Int32 = -1
+        /// The key's hash in ``SlotIndex`` (kept to find the entry again on removal).
+        var hash: UInt32 = 0
     }
+
+    /// Where in an entry the reference to its answer's byte storage is.
+    private static let answerStorageOffset = MemoryLayout<Node>.offset(of: \Node.answer)! + MemoryLayout<CachedAnswer>.offset(of: \CachedAnswer.encodedEntitlements)!
 
     /// The most bytes the entries may account for.
     public let budgetBytes: Int
     public private(set) var statistics = Statistics()
 
-    private var slots: [CacheKey: Int32] = [:]
+    private var slots = SlotIndex()
     private var nodes: [Node] = []
     private var freeSlots: [Int32] = []
     /// Each cached customer's first entry; the rest follow through `nextOfCustomer`. Lets
@@ -93,7 +101,7 @@ public struct LRUCache: Sendable {
 
     /// The answer for `key` if it is exact at `instant`; marks it most recently used.
     public mutating func answer(for key: CacheKey, at instant: Int64) -> CachedAnswer? {
-        guard let slot = self.slots[key] else {
+        guard let slot = self.slot(of: key, hash: SlotIndex.hash(key)) else {
             self.statistics.misses += 1
             return nil
         }
@@ -114,6 +122,60 @@ public struct LRUCache: Sendable {
         self.statistics.hits += 1
         return answer
     }
+
+    /// Starts loading, for every key, the memory its lookup will read (the index bucket,
+    /// the entry, the answer's bytes), without waiting: a batch calls this before looking
+    /// its keys up one by one, so that their memory misses overlap instead of coming one
+    /// after another. Changes nothing; a lookup after it answers exactly as without it.
+    public func prefetch(_ keys: [CacheKey]) {
+        guard keys.count > 1 else {
+            return
+        }
+        // Each pass reads what the one before it brought in, and starts the next misses.
+        let hashes = keys.map { SlotIndex.hash($0) }
+        for hash in hashes {
+            self.slots.prefetch(hash: hash)
+        }
+        var candidates: [Int32] = []
+        candidates.reserveCapacity(keys.count)
+        self.nodes.withUnsafeBufferPointer { nodes in
+            for hash in hashes {
+                // The first slot filed under the hash: almost always the key's own.
+                guard let slot = self.slots.first(hash: hash, matches: { _ in true }) else {
+                    continue
+                }
+                candidates.append(slot)
+                ent_prefetch(nodes.baseAddress! + Int(slot))
+                ent_prefetch(UnsafeRawPointer(nodes.baseAddress! + Int(slot)) + 64)
+            }
+            // The answer's bytes: first the line with their count, then the rest.
+            for slot in candidates {
+                if let storage = self.answerStorage(nodes, slot) {
+                    ent_prefetch(storage)
+                }
+            }
+            // The rest of the bytes, now that their storage's header (with the count) is in.
+            for slot in candidates {
+                if let storage = self.answerStorage(nodes, slot) {
+                    let end = Self.arrayHeaderBytes + storage.load(fromByteOffset: Self.arrayCountOffset, as: Int.self)
+                    for line in stride(from: 64, to: min(end, 4_096), by: 64) {
+                        ent_prefetch(storage + line)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The address of the storage object of `slot`'s answer bytes, read as a word from the
+    /// entry: no retain (a write to that storage, which would wait for it to load).
+    private func answerStorage(_ nodes: UnsafeBufferPointer<Node>, _ slot: Int32) -> UnsafeRawPointer? {
+        UnsafeRawPointer(bitPattern: UnsafeRawPointer(nodes.baseAddress! + Int(slot)).load(fromByteOffset: Self.answerStorageOffset, as: UInt.self))
+    }
+
+    /// A Swift array's storage object: a 16-byte object header, the count, the capacity,
+    /// then the elements. (Used only for prefetching: a wrong guess costs speed, not safety.)
+    private static let arrayCountOffset = 16
+    private static let arrayHeaderBytes = 32
 
     /// Stores `answer` for `key` (replacing any entry) as the most recently used, evicting
     /// the least recently used entries until it fits. Returns false, storing nothing, if
@@ -173,25 +235,32 @@ public struct LRUCache: Sendable {
 
     // MARK: The list
 
+    /// The slot holding `key`, whose ``SlotIndex/hash(_:)`` is `hash`.
+    private func slot(of key: CacheKey, hash: UInt32) -> Int32? {
+        self.slots.first(hash: hash) { self.nodes[Int($0)].key == key }
+    }
+
     private mutating func insert(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64, evicting: Bool, asLeastRecent: Bool) -> Bool {
         let cost = Self.cost(of: key, answer)
         guard cost <= self.budgetBytes else {
             return false
         }
+        let hash = SlotIndex.hash(key)
+        let existing = self.slot(of: key, hash: hash)
         if !evicting {
-            let replaced = self.slots[key].map { self.nodes[Int($0)].cost } ?? 0
+            let replaced = existing.map { self.nodes[Int($0)].cost } ?? 0
             guard self.statistics.bytes - replaced + cost <= self.budgetBytes else {
                 return false
             }
         }
-        if let existing = self.slots[key] {
+        if let existing {
             self.remove(slot: existing)
         }
         while !self.hasRoom(for: cost), self.tail >= 0 {
             self.remove(slot: self.tail)
             self.statistics.evictions += 1
         }
-        let node = Node(key: key, answer: answer, cost: cost, lastUsed: instant, previous: -1, next: -1)
+        let node = Node(key: key, answer: answer, cost: cost, lastUsed: instant, previous: -1, next: -1, hash: hash)
         let slot: Int32
         if let reused = self.freeSlots.popLast() {
             slot = reused
@@ -200,7 +269,7 @@ public struct LRUCache: Sendable {
             slot = Int32(self.nodes.count)
             self.nodes.append(node)
         }
-        self.slots[key] = slot
+        self.slots.insert(slot, hash: hash)
         self.nodes[Int(slot)].nextOfCustomer = self.firstOfCustomer[key.customerId] ?? -1
         self.firstOfCustomer[key.customerId] = slot
         if asLeastRecent {
@@ -217,7 +286,7 @@ public struct LRUCache: Sendable {
     private mutating func remove(slot: Int32) {
         self.unlink(slot)
         let node = self.nodes[Int(slot)]
-        self.slots[node.key] = nil
+        self.slots.remove(slot, hash: node.hash)
         self.unlinkFromCustomer(slot, customerId: node.key.customerId, next: node.nextOfCustomer)
         self.statistics.bytes -= node.cost
         self.statistics.entries -= 1

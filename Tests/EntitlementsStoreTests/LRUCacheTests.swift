@@ -122,6 +122,84 @@ struct LRUCacheTests {
         #expect(lookalike == nil)
     }
 
+    @Test("the index finds every filed slot after any order of removals, colliding hashes and wrap-around included")
+    func slotIndexCollisions() {
+        var generator = SystemRandomNumberGenerator()
+        for round in 0..<50 {
+            var index = SlotIndex()
+            // Few distinct hashes, some at the top of any table size (their probes wrap to
+            // bucket 0), so runs of colliding entries form, cross the end and interleave.
+            let hashes: [UInt32] = [0, 1, 0xFFFF_FFFF, 0xFFFF_FFFE, UInt32(round)]
+            var filed: [Int32: UInt32] = [:]
+            for slot in Int32(0)..<200 {
+                let hash = hashes.randomElement(using: &generator)!
+                index.insert(slot, hash: hash)
+                filed[slot] = hash
+            }
+            for slot in filed.keys.shuffled(using: &generator) {
+                index.remove(slot, hash: filed[slot]!)
+                filed[slot] = nil
+                // Every remaining slot is still found; the removed one is gone.
+                for (other, hash) in filed {
+                    #expect(index.first(hash: hash) { $0 == other } == other)
+                }
+                #expect(index.first(hash: hashes[0]) { $0 == slot } == nil)
+            }
+        }
+    }
+
+    @Test("prefetching a batch's keys changes nothing: the same answers, counters and recency order")
+    func prefetchChangesNothing() {
+        var cache = LRUCache(budgetBytes: 1 << 20)
+        for index in 0..<50 {
+            // Sizes from none (the shared empty storage) to several cache lines.
+            cache.insert(answer(size: index * 37), for: key("user-\(index)"), at: now)
+        }
+        let before = (cache.keysByRecency, cache.statistics)
+        let keys = (0..<80).map { key("user-\($0 * 7 % 90)") } + [CacheKey(customerId: "user-3", environment: .sandbox)]
+        cache.prefetch(keys)
+        #expect(cache.keysByRecency == before.0)
+        #expect(cache.statistics == before.1)
+        for index in 0..<90 {
+            #expect(cache.answer(for: key("user-\(index)"), at: now)?.encodedEntitlements.count == (index < 50 ? index * 37 : nil))
+        }
+    }
+
+    @Test("against a plain model: random inserts, lookups, replacements and removals agree, eviction order included")
+    func modelCheck() {
+        var generator = SystemRandomNumberGenerator()
+        let unit = LRUCache.cost(of: key("user-0000"), answer(size: 100))
+        var cache = LRUCache(budgetBytes: 300 * unit)
+        var order: [String] = []  // most recent first
+        for _ in 0..<20_000 {
+            let id = "user-\(String(Int.random(in: 0..<1_000, using: &generator) + 1_000))"
+            switch Int.random(in: 0..<10, using: &generator) {
+            case 0..<4:
+                cache.insert(answer(size: 100), for: key(id), at: now)
+                order.removeAll { $0 == id }
+                order.insert(id, at: 0)
+                if order.count > 300 {
+                    order.removeLast()
+                }
+            case 4:
+                cache.removeAll(customerId: id)
+                order.removeAll { $0 == id }
+            default:
+                let found = cache.answer(for: key(id), at: now) != nil
+                #expect(found == order.contains(id))
+                if found {
+                    order.removeAll { $0 == id }
+                    order.insert(id, at: 0)
+                }
+            }
+        }
+        #expect(cache.keysByRecency.map(\.customerId) == order)
+        #expect(cache.statistics.entries == order.count)
+        for id in order {
+            #expect(cache.answer(for: key(id), at: now) != nil)
+        }
+    }
+
     @Test("shards: every customer has one stable shard in range")
     func shards() {
         for count in [1, 2, 7, 16] {

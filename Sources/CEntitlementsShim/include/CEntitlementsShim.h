@@ -72,6 +72,13 @@ static inline void ent_release_free_memory(void) {
 static inline void ent_release_free_memory(void) {}
 #endif
 
+/* Asks the CPU to start loading the cache line at `address` without waiting for it (no
+ * fault if the address is bad). The cache's batch lookups issue these for every key first,
+ * so that their memory misses overlap instead of following one another. */
+static inline void ent_prefetch(const void *address) {
+    __builtin_prefetch(address);
+}
+
 /* Whether enum values this build does not know decode as the value numbered 0 on this
  * thread (a client reading a newer server's answers) instead of failing the decode (a
  * server reading requests). Set around one decode; thread-local, so decodes on other

@@ -137,6 +137,18 @@ final class ResolverCore {
         return self.readHere(query, customerId: nil)
     }
 
+    /// Starts loading what checking `queries` at `indices` will read from the cache, so
+    /// that a batch's memory misses overlap (``LRUCache/prefetch(_:)``). Changes nothing.
+    func prefetch(_ queries: [CheckQuery], at indices: [Int]) {
+        guard indices.count > 1 else {
+            return
+        }
+        self.cache.prefetch(indices.map { index in
+            let query = queries[index]
+            return CacheKey(customerId: self.aliases[query.userId] ?? query.userId, environment: query.environment, entitlementIds: query.entitlementIds)
+        })
+    }
+
     /// The answer for this resolver's customer `customerId`, asked for by an alias another
     /// resolver knows.
     func check(_ query: CheckQuery, customerId: String) -> CheckOutcome {
@@ -444,6 +456,7 @@ public final class ResolverPool: Sendable {
                     return
                 }
                 let core = resolver.core.value
+                core.prefetch(queries, at: indices)
                 var cold: [EventLoopFuture<(Int, CheckOutcome)>] = []
                 let outcomes = indices.map { index in
                     let outcome = core.check(queries[index])

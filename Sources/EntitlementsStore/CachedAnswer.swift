@@ -20,6 +20,33 @@ public struct CacheKey: Hashable, Sendable {
         self.entitlementFilter = entitlementIds.count < 2 ? entitlementIds : Array(Set(entitlementIds)).sorted()
     }
 
+    /// Keys are equal when their ids' bytes are: the store tells customers apart by bytes,
+    /// so two ids that Swift's `String ==` deems equivalent (é as one scalar or as e and a
+    /// combining accent) are two customers and must not share an answer.
+    public static func == (a: CacheKey, b: CacheKey) -> Bool {
+        a.environment == b.environment
+            && Self.sameBytes(a.customerId, b.customerId)
+            && a.entitlementFilter.count == b.entitlementFilter.count
+            && zip(a.entitlementFilter, b.entitlementFilter).allSatisfy { Self.sameBytes($0, $1) }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        var customerId = self.customerId
+        customerId.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        hasher.combine(self.environment.rawValue)
+        hasher.combine(self.entitlementFilter.count)
+        for var id in self.entitlementFilter {
+            hasher.combine(id.utf8.count)
+            id.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        }
+    }
+
+    private static func sameBytes(_ a: String, _ b: String) -> Bool {
+        var a = a
+        var b = b
+        return a.withUTF8 { a in b.withUTF8 { b in a.count == b.count && a.elementsEqual(b) } }
+    }
+
     /// The bytes the key's strings occupy, for the cache's accounting.
     var byteCount: Int {
         self.customerId.utf8.count + self.entitlementFilter.reduce(0) { $0 + $1.utf8.count + 16 }

@@ -45,8 +45,8 @@ public struct LRUCache: Sendable {
         }
     }
 
-    /// Bytes charged per entry on top of its strings and encoded answer: the dictionary
-    /// slot, the list node, and the heap headers of the key's and the answer's storage.
+    /// Bytes charged per entry on top of its strings and encoded answer: the index slot,
+    /// the list node, and the heap headers of the key's and the answer's storage.
     /// Measured, not guessed: see docs/snapshot-format.md, "Cache memory".
     public static let entryOverhead = 192
 
@@ -61,6 +61,8 @@ public struct LRUCache: Sendable {
         var nextOfCustomer: Int32 = -1
         /// The key's hash in ``SlotIndex`` (kept to find the entry again on removal).
         var hash: UInt32 = 0
+        /// The answer's byte count, for ``LRUCache/prefetch(_:)``.
+        var answerBytes: Int32 = 0
     }
 
     /// Where in an entry the reference to its answer's byte storage is.
@@ -148,33 +150,25 @@ public struct LRUCache: Sendable {
                 ent_prefetch(nodes.baseAddress! + Int(slot))
                 ent_prefetch(UnsafeRawPointer(nodes.baseAddress! + Int(slot)) + 64)
             }
-            // The answer's bytes: first the line with their count, then the rest.
+            // The answer's bytes. Their storage's address is read as a word from the entry,
+            // so that no retain is made (a write to that storage, which would wait for it);
+            // the addresses are only prefetched, never read, so a wrong guess about the
+            // array's layout costs speed, not safety.
             for slot in candidates {
-                if let storage = self.answerStorage(nodes, slot) {
-                    ent_prefetch(storage)
+                let entry = UnsafeRawPointer(nodes.baseAddress! + Int(slot))
+                guard let storage = UnsafeRawPointer(bitPattern: entry.load(fromByteOffset: Self.answerStorageOffset, as: UInt.self)) else {
+                    continue
                 }
-            }
-            // The rest of the bytes, now that their storage's header (with the count) is in.
-            for slot in candidates {
-                if let storage = self.answerStorage(nodes, slot) {
-                    let end = Self.arrayHeaderBytes + storage.load(fromByteOffset: Self.arrayCountOffset, as: Int.self)
-                    for line in stride(from: 64, to: min(end, 4_096), by: 64) {
-                        ent_prefetch(storage + line)
-                    }
+                let end = Self.arrayHeaderBytes + min(Int(nodes[Int(slot)].answerBytes), 4_096)
+                for line in stride(from: 0, to: end, by: 64) {
+                    ent_prefetch(storage + line)
                 }
             }
         }
     }
 
-    /// The address of the storage object of `slot`'s answer bytes, read as a word from the
-    /// entry: no retain (a write to that storage, which would wait for it to load).
-    private func answerStorage(_ nodes: UnsafeBufferPointer<Node>, _ slot: Int32) -> UnsafeRawPointer? {
-        UnsafeRawPointer(bitPattern: UnsafeRawPointer(nodes.baseAddress! + Int(slot)).load(fromByteOffset: Self.answerStorageOffset, as: UInt.self))
-    }
-
     /// A Swift array's storage object: a 16-byte object header, the count, the capacity,
-    /// then the elements. (Used only for prefetching: a wrong guess costs speed, not safety.)
-    private static let arrayCountOffset = 16
+    /// then the elements.
     private static let arrayHeaderBytes = 32
 
     /// Stores `answer` for `key` (replacing any entry) as the most recently used, evicting
@@ -260,7 +254,10 @@ public struct LRUCache: Sendable {
             self.remove(slot: self.tail)
             self.statistics.evictions += 1
         }
-        let node = Node(key: key, answer: answer, cost: cost, lastUsed: instant, previous: -1, next: -1, hash: hash)
+        let node = Node(
+            key: key, answer: answer, cost: cost, lastUsed: instant, previous: -1, next: -1,
+            hash: hash, answerBytes: Int32(clamping: answer.encodedEntitlements.count)
+        )
         let slot: Int32
         if let reused = self.freeSlots.popLast() {
             slot = reused

@@ -2,9 +2,10 @@ import CEntitlementsShim
 
 /// The cache's index from key to slot: open addressing with linear probing over one array
 /// of 64-bit entries, each the key's 32-bit hash and its slot. A lookup reads one entry (a
-/// cache line holds eight) and then the slot's node, where the key is compared; a standard
-/// `Dictionary<CacheKey, Int32>` read its key array and then its value array first, two
-/// dependent memory misses where this takes one. Removal shifts the entries after it back
+/// cache line holds eight) and then the slot's node, where the key is compared; a
+/// `Dictionary<CacheKey, Int32>` read a 32-byte key and a value from two arrays, two cache
+/// lines where this reads one, and its bucket cannot be prefetched from the hash alone as
+/// this one's can (``LRUCache/prefetch(_:)``). Removal shifts the entries after it back
 /// (no tombstones), so a probe never walks past what is gone.
 ///
 /// The index does not hold keys: the caller confirms a candidate slot with `matches`.
@@ -17,14 +18,7 @@ struct SlotIndex {
 
     /// The hash of `key`, as the index files it.
     static func hash(_ key: CacheKey) -> UInt32 {
-        var hasher = Hasher()
-        var customerId = key.customerId
-        customerId.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
-        hasher.combine(key.environment.rawValue)
-        if !key.entitlementFilter.isEmpty {
-            hasher.combine(key.entitlementFilter)
-        }
-        return UInt32(truncatingIfNeeded: hasher.finalize())
+        UInt32(truncatingIfNeeded: key.hashValue)
     }
 
     /// The first slot filed under `hash` for which `matches` holds.

@@ -1,4 +1,5 @@
 import ArgumentParser
+import EntitlementsStore
 
 /// `entitlements`: the one executable of the service (server, client and tools).
 @main
@@ -14,4 +15,12 @@ struct EntitlementsCommand: AsyncParsableCommand {
             SnapshotCommand.self, DatabaseCommand.self, ResolveCommand.self, DemoCommand.self,
         ]
     )
+
+    /// One malloc arena for the whole process (``ProcessMemory/useOneMallocArena()``), set
+    /// here, on the main thread before any other starts: by the time a command's `run` is
+    /// called, a thread of Swift's pool already has an arena of its own.
+    static func main() async {
+        ProcessMemory.useOneMallocArena()
+        await Self.main(nil)
+    }
 }

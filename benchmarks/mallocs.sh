@@ -7,9 +7,9 @@
 # Needs root (perf probe) and release builds of `entitlements` and LoadGen (run.sh builds
 # both). Starts `serve --threads 1 --resolvers 1` on 100,000 generated customers (every answer
 # cached: each check is a cache hit), drives it with LoadGen, and divides the server's
-# allocation calls during the run by the requests answered (with --batch B, a request is
-# a BatchCheckEntitlements of B customers). Connection setup is included and amortised
-# over the run. ENT=path overrides the server binary (to compare two builds). --token: the
+# allocation calls in LoadGen's measured window (after a 2 s warm-up, the connections up)
+# by the requests answered in it (with --batch B, a request is a BatchCheckEntitlements of
+# B customers); the whole run's count, connection setup included, is printed too. ENT=path overrides the server binary (to compare two builds). --token: the
 # server has a token file and each connection authenticates first (docs/security.md);
 # --tls: and the connections are TLS (openssl-made certificate).
 set -euo pipefail
@@ -49,22 +49,32 @@ fi
 taskset -c 0 $ENT serve --snapshot "$WORK/data.snap" --listen 127.0.0.1:$PORT --threads 1 --resolvers 1 "${SERVE_EXTRA[@]}" > "$WORK/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 300); do grep -q "listening on" "$WORK/serve.log" && break; sleep 0.1; done
-perf stat -x, -o "$WORK/stat.txt" -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc,probe_libc:posix_memalign -p $SERVER &
-STAT=$!
+EVENTS=probe_libc:malloc,probe_libc:calloc,probe_libc:realloc,probe_libc:posix_memalign
+# Two counts: the whole run (connection setup and the first answers included), and the
+# steady state: LoadGen's measured window, after its 2 s warm-up, with the connections up.
+perf stat -x, -o "$WORK/all.txt" -e $EVENTS -p $SERVER &
+ALL=$!
 sleep 0.5
 taskset -c 1 $LOAD run --target entitlements --port $PORT --connections $CONNECTIONS --in-flight $IN_FLIGHT --batch $BATCH \
-  --duration $SECONDS_ --warmup 0 --customers 100000 --json "$WORK/run.json" --label "mallocs" "${LOAD_EXTRA[@]}" >/dev/null
+  --duration $SECONDS_ --warmup 2 --customers 100000 --json "$WORK/run.json" --label "mallocs" "${LOAD_EXTRA[@]}" >/dev/null &
+LOADGEN=$!
+sleep 2
+perf stat -x, -o "$WORK/stat.txt" -e $EVENTS -p $SERVER -- sleep "$SECONDS_" 2>/dev/null
+wait $LOADGEN
 sleep 0.5
-kill -INT $STAT; wait $STAT 2>/dev/null || true
-python3 - "$WORK/stat.txt" "$WORK/run.json" <<'PY'
+kill -INT $ALL; wait $ALL 2>/dev/null || true
+python3 - "$WORK/stat.txt" "$WORK/run.json" "$WORK/all.txt" <<'PY'
 import json, sys
-counts = {}
-for line in open(sys.argv[1]):
-    parts = line.strip().split(",")
-    if len(parts) > 2 and parts[0].isdigit():
-        counts[parts[2].split(":")[-1]] = int(parts[0])
+def counts(path):
+    found = {}
+    for line in open(path):
+        parts = line.strip().split(",")
+        if len(parts) > 2 and parts[0].isdigit():
+            found[parts[2].split(":")[-1]] = int(parts[0])
+    return found
+steady, whole = counts(sys.argv[1]), counts(sys.argv[3])
 requests = json.load(open(sys.argv[2]))["requests"]
-total = sum(counts.values())
-print(f"{requests:,} requests answered; server allocation calls: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-print(f"{total / max(1, requests):.2f} allocations per request")
+print(f"steady state: {requests:,} requests answered in the measured window; server allocation calls: " + ", ".join(f"{k} {v:,}" for k, v in steady.items()))
+print(f"{sum(steady.values()) / max(1, requests):.3f} allocations per request")
+print(f"whole run (connections' setup and warm-up included): {sum(whole.values()):,} allocation calls")
 PY

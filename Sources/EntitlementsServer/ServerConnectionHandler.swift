@@ -640,17 +640,20 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// Writes and flushes the outgoing bytes, then makes `outgoing` ready for more. When the
     /// socket took every byte, the channel has let go of the storage and `clear` reuses it
     /// (no allocation next time); otherwise the channel still holds it and `outgoing` gets
-    /// new, small storage (writing into shared storage would copy all of it). A buffer grown
-    /// by a large answer is not kept.
+    /// new storage (writing into shared storage would copy all of it), as large as this
+    /// batch was, so that a steady pipelined load does not grow it again by doubling (a
+    /// `realloc` each time). A buffer grown by a large answer is not kept.
     private func flushOutgoing() {
-        if self.outgoing.readableBytes > 0 {
+        let batch = self.outgoing.readableBytes
+        if batch > 0 {
             self.context.write(self.wrapOutboundOut(self.outgoing), promise: nil)
         }
         self.context.flush()
+        let next = min(max(batch, Self.outgoingInitialCapacity), Self.outgoingFlushThreshold / 2)
         if self.outgoing.capacity >= Self.outgoingFlushThreshold {
-            self.outgoing = self.context.channel.allocator.buffer(capacity: Self.outgoingInitialCapacity)
+            self.outgoing = self.context.channel.allocator.buffer(capacity: next)
         } else {
-            self.outgoing.clear(minimumCapacity: Self.outgoingInitialCapacity)
+            self.outgoing.clear(minimumCapacity: next)
         }
     }
 

@@ -32,10 +32,16 @@ public struct CacheKey: Hashable, Sendable {
 
     public func hash(into hasher: inout Hasher) {
         var customerId = self.customerId
-        customerId.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
-        hasher.combine(self.environment.rawValue)
-        hasher.combine(self.entitlementFilter.count)
-        for var id in self.entitlementFilter {
+        customerId.withUTF8 { Self.combine(customerId: UnsafeRawBufferPointer($0), environment: self.environment, filter: self.entitlementFilter, into: &hasher) }
+    }
+
+    /// What ``hash(into:)`` feeds the hasher, from the id's bytes (``CachePeek`` hashes a
+    /// request's key without making a String of its id).
+    static func combine(customerId: UnsafeRawBufferPointer, environment: Environment, filter: [String], into hasher: inout Hasher) {
+        hasher.combine(bytes: customerId)
+        hasher.combine(environment.rawValue)
+        hasher.combine(filter.count)
+        for var id in filter {
             hasher.combine(id.utf8.count)
             id.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
         }

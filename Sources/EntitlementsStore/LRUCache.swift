@@ -133,35 +133,49 @@ public struct LRUCache: Sendable {
         guard keys.count > 1 else {
             return
         }
+        withUnsafeTemporaryAllocation(of: UInt32.self, capacity: keys.count) { hashes in
+            for (index, key) in keys.enumerated() {
+                hashes.initializeElement(at: index, to: SlotIndex.hash(key))
+            }
+            self.prefetch(hashes: UnsafeBufferPointer(hashes))
+        }
+    }
+
+    /// ``prefetch(_:)`` for keys already hashed (``CachePeek/hash``). Allocates nothing.
+    public func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
+        guard hashes.count > 1, !self.nodes.isEmpty else {
+            return
+        }
         // Each pass reads what the one before it brought in, and starts the next misses.
-        let hashes = keys.map { SlotIndex.hash($0) }
         for hash in hashes {
             self.slots.prefetch(hash: hash)
         }
-        var candidates: [Int32] = []
-        candidates.reserveCapacity(keys.count)
-        self.nodes.withUnsafeBufferPointer { nodes in
-            for hash in hashes {
-                // The first slot filed under the hash: almost always the key's own.
-                guard let slot = self.slots.first(hash: hash, matches: { _ in true }) else {
-                    continue
+        withUnsafeTemporaryAllocation(of: Int32.self, capacity: hashes.count) { candidates in
+            var found = 0
+            self.nodes.withUnsafeBufferPointer { nodes in
+                for hash in hashes {
+                    // The first slot filed under the hash: almost always the key's own.
+                    guard let slot = self.slots.first(hash: hash, matches: { _ in true }) else {
+                        continue
+                    }
+                    candidates.initializeElement(at: found, to: slot)
+                    found += 1
+                    ent_prefetch(nodes.baseAddress! + Int(slot))
+                    ent_prefetch(UnsafeRawPointer(nodes.baseAddress! + Int(slot)) + 64)
                 }
-                candidates.append(slot)
-                ent_prefetch(nodes.baseAddress! + Int(slot))
-                ent_prefetch(UnsafeRawPointer(nodes.baseAddress! + Int(slot)) + 64)
-            }
-            // The answer's bytes. Their storage's address is read as a word from the entry,
-            // so that no retain is made (a write to that storage, which would wait for it);
-            // the addresses are only prefetched, never read, so a wrong guess about the
-            // array's layout costs speed, not safety.
-            for slot in candidates {
-                let entry = UnsafeRawPointer(nodes.baseAddress! + Int(slot))
-                guard let storage = UnsafeRawPointer(bitPattern: entry.load(fromByteOffset: Self.answerStorageOffset, as: UInt.self)) else {
-                    continue
-                }
-                let end = Self.arrayHeaderBytes + min(Int(nodes[Int(slot)].answerBytes), 4_096)
-                for line in stride(from: 0, to: end, by: 64) {
-                    ent_prefetch(storage + line)
+                // The answer's bytes. Their storage's address is read as a word from the
+                // entry, so that no retain is made (a write to that storage, which would
+                // wait for it); the addresses are only prefetched, never read, so a wrong
+                // guess about the array's layout costs speed, not safety.
+                for slot in candidates[..<found] {
+                    let entry = UnsafeRawPointer(nodes.baseAddress! + Int(slot))
+                    guard let storage = UnsafeRawPointer(bitPattern: entry.load(fromByteOffset: Self.answerStorageOffset, as: UInt.self)) else {
+                        continue
+                    }
+                    let end = Self.arrayHeaderBytes + min(Int(nodes[Int(slot)].answerBytes), 4_096)
+                    for line in stride(from: 0, to: end, by: 64) {
+                        ent_prefetch(storage + line)
+                    }
                 }
             }
         }

@@ -18,7 +18,9 @@ struct SlotIndex {
 
     /// The hash of `key`, as the index files it.
     static func hash(_ key: CacheKey) -> UInt32 {
-        UInt32(truncatingIfNeeded: key.hashValue)
+        var hasher = Hasher()
+        key.hash(into: &hasher)
+        return UInt32(truncatingIfNeeded: hasher.finalize())
     }
 
     /// The first slot filed under `hash` for which `matches` holds.

@@ -133,6 +133,13 @@ public final class EntitlementMethods: Sendable {
     }
 
     /// BatchCheckEntitlements: every user, in order, or one failure for the batch.
+    /// Starts loading the cache entries of the checks a transport is about to call
+    /// ``checkEntitlements(_:_:)`` for, one after another, on `loop` (the framed connection
+    /// does so for the checks of each read). A hint: it changes no answer.
+    public func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>, on loop: any EventLoop) {
+        self.pool.prefetch(peeks, on: loop)
+    }
+
     public func batchCheckEntitlements(_ request: BatchCheckEntitlementsRequest, _ context: CallContext) -> MethodResult<BatchCheckAnswer> {
         if let refused = self.authorize(.batchCheckEntitlements, context) {
             return .now(.failure(refused))

@@ -149,6 +149,19 @@ final class ResolverCore {
         })
     }
 
+    /// ``prefetch(_:at:)`` for single checks, from their encoded requests: those of this
+    /// resolver's shard. Allocates nothing.
+    func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>) {
+        withUnsafeTemporaryAllocation(of: UInt32.self, capacity: peeks.count) { hashes in
+            var mine = 0
+            for peek in peeks where Int(peek.shardHash % UInt64(self.shardCount)) == self.shard {
+                hashes.initializeElement(at: mine, to: peek.hash)
+                mine += 1
+            }
+            self.cache.prefetch(hashes: UnsafeBufferPointer(rebasing: hashes[..<mine]))
+        }
+    }
+
     /// The answer for this resolver's customer `customerId`, asked for by an alias another
     /// resolver knows.
     func check(_ query: CheckQuery, customerId: String) -> CheckOutcome {
@@ -499,6 +512,14 @@ public final class ResolverPool: Sendable {
                 }
                 promise.succeed(outcomes)
             }
+        }
+    }
+
+    /// Prefetches the cache entries of checks about to run on `loop`, in the shards of the
+    /// resolvers on that loop: the others' caches belong to their loops.
+    func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>, on loop: any EventLoop) {
+        for resolver in self.resolvers where resolver.eventLoop === loop {
+            resolver.core.value.prefetch(peeks)
         }
     }
 

@@ -1,0 +1,95 @@
+import EntitlementsMessages
+
+/// Where the cached answer to an encoded CheckEntitlementsRequest would be, read from its
+/// bytes without decoding the message: the hash the cache files its key under and the
+/// hash that picks its shard. The framed connection takes these for every check of a read
+/// before it handles them one by one, to prefetch their cache entries together
+/// (``LRUCache/prefetch(hashes:)``).
+///
+/// A hint, nothing more: requests with an entitlement filter, an unknown environment or
+/// anything unexpected give nil, and an alias hashes as itself (its customer's entry is
+/// not prefetched). The request is still decoded and validated in full when it is handled.
+public struct CachePeek: Sendable {
+    /// ``SlotIndex/hash(_:)`` of the request's key.
+    public let hash: UInt32
+    /// ``KeyHash`` of the user id (its shard is this modulo the shard count).
+    public let shardHash: UInt64
+
+    /// Reads `payload`, a CheckEntitlementsRequest's encoding: its user_id (field 1) and
+    /// environment (field 4); other known fields are skipped, and field 2 (a filter) or
+    /// bytes that do not parse give nil.
+    public init?(checkRequest payload: UnsafeRawBufferPointer) {
+        var reader = Reader(bytes: payload)
+        var userId: Range<Int>?
+        var environment = Environment.production
+        while !reader.isAtEnd {
+            guard let tag = reader.varint() else {
+                return nil
+            }
+            switch (tag >> 3, tag & 7) {
+            case (1, 2):
+                guard let range = reader.lengthDelimited() else {
+                    return nil
+                }
+                userId = range
+            case (2, _):
+                return nil  // a filter: its key is hashed with the sorted ids; not worth it here
+            case (4, 0):
+                guard let value = reader.varint(), let known = Environment(rawValue: Int32(truncatingIfNeeded: value)) else {
+                    return nil
+                }
+                environment = known == .unspecified ? .production : known
+            case (_, 0):
+                guard reader.varint() != nil else {
+                    return nil
+                }
+            case (_, 2):
+                guard reader.lengthDelimited() != nil else {
+                    return nil
+                }
+            default:
+                return nil
+            }
+        }
+        guard let userId, !userId.isEmpty else {
+            return nil
+        }
+        let id = UnsafeRawBufferPointer(rebasing: payload[userId])
+        var hasher = Hasher()
+        CacheKey.combine(customerId: id, environment: environment, filter: [], into: &hasher)
+        self.hash = UInt32(truncatingIfNeeded: hasher.finalize())
+        self.shardHash = KeyHash.hash(id.assumingMemoryBound(to: UInt8.self))
+    }
+
+    private struct Reader {
+        let bytes: UnsafeRawBufferPointer
+        var position = 0
+
+        var isAtEnd: Bool { self.position >= self.bytes.count }
+
+        mutating func varint() -> UInt64? {
+            var value: UInt64 = 0
+            for shift in stride(from: 0, to: 64, by: 7) {
+                guard self.position < self.bytes.count else {
+                    return nil
+                }
+                let byte = self.bytes[self.position]
+                self.position += 1
+                value |= UInt64(byte & 0x7F) << UInt64(shift)
+                if byte < 0x80 {
+                    return value
+                }
+            }
+            return nil
+        }
+
+        mutating func lengthDelimited() -> Range<Int>? {
+            guard let length = self.varint(), length <= UInt64(self.bytes.count - self.position) else {
+                return nil
+            }
+            let range = self.position..<(self.position + Int(length))
+            self.position = range.upperBound
+            return range
+        }
+    }
+}

@@ -198,7 +198,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                     offset = start + length
                 }
                 if count > 1 {
-                    self.methods.prefetch(UnsafeBufferPointer(rebasing: peeks[..<count]), on: self.context.eventLoop)
+                    self.methods.prefetch(UnsafeBufferPointer(rebasing: peeks[..<count]))
                 }
             }
         }

@@ -10,6 +10,9 @@ import EntitlementsMessages
 /// anything unexpected give nil, and an alias hashes as itself (its customer's entry is
 /// not prefetched). The request is still decoded and validated in full when it is handled.
 public struct CachePeek: Sendable {
+    /// The longest user id a check accepts (docs/PROTOCOL.md), in bytes.
+    public static let maximumUserIdBytes = 256
+
     /// ``SlotIndex/hash(_:)`` of the request's key.
     public let hash: UInt32
     /// ``KeyHash`` of the user id (its shard is this modulo the shard count).
@@ -51,8 +54,8 @@ public struct CachePeek: Sendable {
                 return nil
             }
         }
-        guard let userId, !userId.isEmpty else {
-            return nil
+        guard let userId, !userId.isEmpty, userId.count <= Self.maximumUserIdBytes else {
+            return nil  // one the check refuses: not hashed
         }
         let id = UnsafeRawBufferPointer(rebasing: payload[userId])
         var hasher = Hasher()

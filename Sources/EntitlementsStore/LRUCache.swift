@@ -23,6 +23,8 @@ public struct LRUCache: Sendable {
         public var evictions: UInt64 = 0
         /// Entries inserted or replaced.
         public var insertions: UInt64 = 0
+        /// Entries whose memory ``LRUCache/prefetch(hashes:)`` asked the CPU to load.
+        public var prefetched: UInt64 = 0
         /// Bytes accounted to current entries (see ``LRUCache/entryOverhead``).
         public var bytes: Int = 0
         /// Current entries.
@@ -39,6 +41,7 @@ public struct LRUCache: Sendable {
             sum.expirations += b.expirations
             sum.evictions += b.evictions
             sum.insertions += b.insertions
+            sum.prefetched += b.prefetched
             sum.bytes += b.bytes
             sum.entries += b.entries
             return sum
@@ -129,7 +132,7 @@ public struct LRUCache: Sendable {
     /// the entry, the answer's bytes), without waiting: a batch calls this before looking
     /// its keys up one by one, so that their memory misses overlap instead of coming one
     /// after another. Changes nothing; a lookup after it answers exactly as without it.
-    public func prefetch(_ keys: [CacheKey]) {
+    public mutating func prefetch(_ keys: [CacheKey]) {
         guard keys.count > 1 else {
             return
         }
@@ -142,7 +145,7 @@ public struct LRUCache: Sendable {
     }
 
     /// ``prefetch(_:)`` for keys already hashed (``CachePeek/hash``). Allocates nothing.
-    public func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
+    public mutating func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
         guard hashes.count > 1, !self.nodes.isEmpty else {
             return
         }
@@ -150,8 +153,8 @@ public struct LRUCache: Sendable {
         for hash in hashes {
             self.slots.prefetch(hash: hash)
         }
+        var found = 0
         withUnsafeTemporaryAllocation(of: Int32.self, capacity: hashes.count) { candidates in
-            var found = 0
             self.nodes.withUnsafeBufferPointer { nodes in
                 for hash in hashes {
                     // The first slot filed under the hash: almost always the key's own.
@@ -179,6 +182,7 @@ public struct LRUCache: Sendable {
                 }
             }
         }
+        self.statistics.prefetched += UInt64(found)
     }
 
     /// A Swift array's storage object: a 16-byte object header, the count, the capacity,

@@ -185,6 +185,61 @@ struct EntitlementsServerTests {
         try await fixture.stop()
     }
 
+    @Test("checks pipelined in one read are prefetched together and answered as one by one, however the bytes are split")
+    func prefetchedChecks() async throws {
+        var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))
+        configuration.resolvers = 1
+        let fixture = try await ServerFixture(loops: 1, configuration: configuration)
+        let users = (0..<20).map { "user-\($0 * 13 % 300)" }
+        // One by one first: the expected answers, and every customer cached.
+        var expected: [String: CheckEntitlementsResponse] = [:]
+        let single = try RawConnection(port: fixture.port)
+        for (index, user) in users.enumerated() {
+            single.send([RawConnection.request(UInt64(index + 1), CheckEntitlementsRequest(userId: user, at: now))])
+            expected[user] = try CheckEntitlementsResponse(buffer: try #require(try single.receive()).payload)
+        }
+        // The same checks in one stream, with frames the peek must pass over: a ping, a check
+        // whose payload does not parse, one with a filter.
+        var stream = ByteBuffer()
+        for (index, user) in users.enumerated() {
+            stream.writeFrame(RawConnection.request(UInt64(index * 2 + 1), CheckEntitlementsRequest(userId: user, at: now)))
+            switch index {
+            case 5: stream.writeFrame(Frame(type: .ping, requestID: 0xABCD))
+            case 9: stream.writeFrame(Frame.request(id: UInt64(index * 2 + 2), method: .checkEntitlements, payload: ByteBuffer(bytes: [0x0A, 0x7F, 0x01])))
+            case 12: stream.writeFrame(RawConnection.request(UInt64(index * 2 + 2), CheckEntitlementsRequest(userId: users[0], entitlementIds: ["premium"], at: now)))
+            default: break
+            }
+        }
+        let bytes = Array(stream.readableBytesView)
+        let before = await fixture.server.pool.resolvers[0].cacheStatistics.prefetched
+        // In one write (one read on the server), then split at points inside headers and payloads.
+        for split in [0, 1, 3, 21, 24, 30, bytes.count / 2, bytes.count - 1] {
+            let connection = try RawConnection(port: fixture.port)
+            connection.send(bytes: Array(bytes[..<split]))
+            if split > 0 {
+                try await Task.sleep(for: .milliseconds(20))  // a read of its own, most likely
+            }
+            connection.send(bytes: Array(bytes[split...]))
+            var answered = 0
+            var others = 0
+            while answered + others < users.count + 3, let frame = try connection.receive() {
+                if frame.type == .response, frame.requestID % 2 == 1 {
+                    let user = users[Int(frame.requestID / 2)]
+                    #expect(try CheckEntitlementsResponse(buffer: frame.payload) == expected[user], "\(user), split at \(split)")
+                    answered += 1
+                } else {
+                    others += 1
+                }
+            }
+            #expect(answered == users.count && others == 3, "split at \(split)")
+            if split == 0 {
+                let after = await fixture.server.pool.resolvers[0].cacheStatistics.prefetched
+                #expect(after > before, "one read of 20 cached checks prefetched nothing")
+            }
+        }
+        try await fixture.stop()
+    }
+
     @Test("a malformed frame closes only its own connection")
     func malformedFrameClosesOneConnection() async throws {
         let fixture = try await ServerFixture()

@@ -132,14 +132,14 @@ public final class EntitlementMethods: Sendable {
         return .later(promise.futureResult.map { CheckAnswer.make($0, query: query, staleForMilliseconds: stale) })
     }
 
-    /// BatchCheckEntitlements: every user, in order, or one failure for the batch.
-    /// Starts loading the cache entries of the checks a transport is about to call
-    /// ``checkEntitlements(_:_:)`` for, one after another, on `loop` (the framed connection
-    /// does so for the checks of each read). A hint: it changes no answer.
-    public func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>, on loop: any EventLoop) {
-        self.pool.prefetch(peeks, on: loop)
+    /// Starts loading the cache entries of the checks a transport, on an event loop, is
+    /// about to call ``checkEntitlements(_:_:)`` for, one after another (the framed
+    /// connection does so for the checks of each read). A hint: it changes no answer.
+    public func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>) {
+        self.pool.prefetch(peeks)
     }
 
+    /// BatchCheckEntitlements: every user, in order, or one failure for the batch.
     public func batchCheckEntitlements(_ request: BatchCheckEntitlementsRequest, _ context: CallContext) -> MethodResult<BatchCheckAnswer> {
         if let refused = self.authorize(.batchCheckEntitlements, context) {
             return .now(.failure(refused))
@@ -639,7 +639,7 @@ public struct BatchCheckAnswer: Sendable {
 /// Request validation shared by the methods.
 enum Validation {
     /// The longest user id accepted, in UTF-8 bytes.
-    static let maximumUserIdBytes = 256
+    static let maximumUserIdBytes = CachePeek.maximumUserIdBytes
 
     static func problem(userId: String?, field: String) -> String? {
         guard let userId, !userId.isEmpty else {

@@ -515,10 +515,10 @@ public final class ResolverPool: Sendable {
         }
     }
 
-    /// Prefetches the cache entries of checks about to run on `loop`, in the shards of the
-    /// resolvers on that loop: the others' caches belong to their loops.
-    func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>, on loop: any EventLoop) {
-        for resolver in self.resolvers where resolver.eventLoop === loop {
+    /// Prefetches the cache entries of checks about to run on the current event loop, in
+    /// the shards of the resolvers on it: the others' caches belong to their loops.
+    func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>) {
+        for resolver in self.resolvers where resolver.eventLoop.inEventLoop {
             resolver.core.value.prefetch(peeks)
         }
     }

@@ -190,7 +190,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                     let start = offset + Frame.headerSize
                     if raw[offset + 3] == FrameType.request.rawValue,
                         UInt16(raw[offset + 6]) << 8 | UInt16(raw[offset + 7]) == MethodID.checkEntitlements.rawValue,
-                        let peek = CachePeek(checkRequest: UnsafeRawBufferPointer(rebasing: raw[start..<(start + length)]))
+                        let peek = CachePeek(checkRequest: UnsafeRawBufferPointer(rebasing: raw[start..<(start + length)]), longestUserId: Validation.maximumUserIdBytes)
                     {
                         peeks.initializeElement(at: count, to: peek)
                         count += 1

@@ -10,18 +10,16 @@ import EntitlementsMessages
 /// anything unexpected give nil, and an alias hashes as itself (its customer's entry is
 /// not prefetched). The request is still decoded and validated in full when it is handled.
 public struct CachePeek: Sendable {
-    /// The longest user id a check accepts (docs/PROTOCOL.md), in bytes.
-    public static let maximumUserIdBytes = 256
-
     /// ``SlotIndex/hash(_:)`` of the request's key.
     public let hash: UInt32
     /// ``KeyHash`` of the user id (its shard is this modulo the shard count).
     public let shardHash: UInt64
 
     /// Reads `payload`, a CheckEntitlementsRequest's encoding: its user_id (field 1) and
-    /// environment (field 4); other known fields are skipped, and field 2 (a filter) or
-    /// bytes that do not parse give nil.
-    public init?(checkRequest payload: UnsafeRawBufferPointer) {
+    /// environment (field 4); other known fields are skipped, and field 2 (a filter), a user
+    /// id longer than `longestUserId` bytes (one the check refuses: not hashed) or bytes
+    /// that do not parse give nil.
+    public init?(checkRequest payload: UnsafeRawBufferPointer, longestUserId: Int) {
         var reader = Reader(bytes: payload)
         var userId: Range<Int>?
         var environment = Environment.production
@@ -54,8 +52,8 @@ public struct CachePeek: Sendable {
                 return nil
             }
         }
-        guard let userId, !userId.isEmpty, userId.count <= Self.maximumUserIdBytes else {
-            return nil  // one the check refuses: not hashed
+        guard let userId, !userId.isEmpty, userId.count <= longestUserId else {
+            return nil
         }
         let id = UnsafeRawBufferPointer(rebasing: payload[userId])
         var hasher = Hasher()

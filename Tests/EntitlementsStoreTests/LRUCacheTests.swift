@@ -328,7 +328,7 @@ struct CacheWarmerTests {
 @Suite("cache peek: a check request's cache key, read from its bytes")
 struct CachePeekTests {
     static func peek(_ bytes: [UInt8]) -> CachePeek? {
-        bytes.withUnsafeBytes { CachePeek(checkRequest: $0) }
+        bytes.withUnsafeBytes { CachePeek(checkRequest: $0, longestUserId: 256) }
     }
 
     @Test("the peeked hashes are the ones the cache and the shards use for the decoded request", arguments: [
@@ -354,6 +354,8 @@ struct CachePeekTests {
         #expect(Self.peek([0x0A, 0x01, 0x61, 0xFF]) == nil)  // a varint cut short
         #expect(Self.peek([0x0D, 0, 0, 0, 0]) == nil)  // a wire type the message does not use
         #expect(Self.peek([]) == nil)
+        #expect(Self.peek(try CheckEntitlementsRequest(userId: String(repeating: "x", count: 257)).serializedBytes()) == nil)
+        #expect(Self.peek(try CheckEntitlementsRequest(userId: String(repeating: "x", count: 256)).serializedBytes()) != nil)
     }
 
     @Test("random messages: whenever the decoder accepts one, the peek names its key or declines; random bytes never crash it")

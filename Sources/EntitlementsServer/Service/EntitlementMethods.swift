@@ -639,7 +639,7 @@ public struct BatchCheckAnswer: Sendable {
 /// Request validation shared by the methods.
 enum Validation {
     /// The longest user id accepted, in UTF-8 bytes.
-    static let maximumUserIdBytes = CachePeek.maximumUserIdBytes
+    static let maximumUserIdBytes = 256
 
     static func problem(userId: String?, field: String) -> String? {
         guard let userId, !userId.isEmpty else {

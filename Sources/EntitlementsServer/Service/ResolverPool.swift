@@ -14,6 +14,11 @@ struct CheckQuery: Sendable {
     var instant: Int64
     /// Work not started by then is abandoned.
     var deadline: NIODeadline?
+
+    /// The cache key of this query for `customerId` (the canonical id, or the id as asked).
+    func key(customerId: String) -> CacheKey {
+        CacheKey(customerId: customerId, environment: self.environment, entitlementIds: self.entitlementIds)
+    }
 }
 
 /// What a resolver made of a query.
@@ -129,7 +134,7 @@ final class ResolverCore {
             // An alias learnt earlier, of another resolver's customer: no store read here.
             return .forward(shard: owner, customerId: canonical)
         }
-        let key = CacheKey(customerId: canonical, environment: query.environment, entitlementIds: query.entitlementIds)
+        let key = query.key(customerId: canonical)
         if let answer = self.cache.answer(for: key, at: query.instant) {
             return .answer(answer, customerId: canonical, fromCache: true)
         }
@@ -144,8 +149,7 @@ final class ResolverCore {
             return
         }
         self.cache.prefetch(indices.map { index in
-            let query = queries[index]
-            return CacheKey(customerId: self.aliases[query.userId] ?? query.userId, environment: query.environment, entitlementIds: query.entitlementIds)
+            queries[index].key(customerId: self.aliases[queries[index].userId] ?? queries[index].userId)
         })
     }
 
@@ -168,7 +172,7 @@ final class ResolverCore {
         if let deadline = query.deadline, NIODeadline.now() >= deadline {
             return .deadlineExceeded
         }
-        let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
+        let key = query.key(customerId: customerId)
         if let answer = self.cache.answer(for: key, at: query.instant) {
             return .answer(answer, customerId: customerId, fromCache: true)
         }
@@ -180,7 +184,7 @@ final class ResolverCore {
     /// already under way on the threads is waited for rather than raced.
     private func readHere(_ query: CheckQuery, customerId: String?) -> CheckOutcome {
         if !self.pendingReads.isEmpty,
-            self.pendingReads[CacheKey(customerId: customerId ?? query.userId, environment: query.environment, entitlementIds: query.entitlementIds)] != nil
+            self.pendingReads[query.key(customerId: customerId ?? query.userId)] != nil
         {
             return .cold
         }
@@ -207,7 +211,7 @@ final class ResolverCore {
                 self.aliases[query.userId] = customerId
             }
             if case .resolved(let answer, _) = read {
-                let key = CacheKey(customerId: customerId, environment: query.environment, entitlementIds: query.entitlementIds)
+                let key = query.key(customerId: customerId)
                 self.cache.insert(answer, for: key, at: query.instant)
             }
         case .unknown, .failed, .abandoned:
@@ -395,7 +399,7 @@ public final class ResolverPool: Sendable {
     func readCold(_ query: CheckQuery, customerId: String?, on resolver: ResolverActor, completing promise: EventLoopPromise<CheckOutcome>) {
         resolver.eventLoop.preconditionInEventLoop()
         let core = resolver.core.value
-        let key = CacheKey(customerId: customerId ?? query.userId, environment: query.environment, entitlementIds: query.entitlementIds)
+        let key = query.key(customerId: customerId ?? query.userId)
         if let pending = core.pendingReads[key] {
             pending.waiters.append((query, promise))
             return

@@ -71,6 +71,9 @@ public struct LRUCache: Sendable {
     /// Where in an entry the reference to its answer's byte storage is.
     private static let answerStorageOffset = MemoryLayout<Node>.offset(of: \Node.answer)! + MemoryLayout<CachedAnswer>.offset(of: \CachedAnswer.encodedEntitlements)!
 
+    /// Where in an entry its recency links are.
+    private static let linksOffset = MemoryLayout<Node>.offset(of: \Node.previous)!
+
     /// The most bytes the entries may account for.
     public let budgetBytes: Int
     public private(set) var statistics = Statistics()
@@ -96,7 +99,14 @@ public struct LRUCache: Sendable {
     /// that a customer always goes to the same resolver actor.
     public static func shardIndex(for customerId: String, shardCount: Int) -> Int {
         precondition(shardCount > 0)
-        return Int(KeyHash.hash(customerId) % UInt64(shardCount))
+        // One shard owns everything: no need to hash (`serve --resolvers 1`, every check).
+        return shardCount == 1 ? 0 : Int(KeyHash.hash(customerId) % UInt64(shardCount))
+    }
+
+    /// The hash a lookup of `key` files it under: for a caller that looks a key up more
+    /// than once (``prefetch(hashes:)`` then ``answer(for:hash:at:)``) and hashes it once.
+    public static func hash(of key: CacheKey) -> UInt32 {
+        SlotIndex.hash(key)
     }
 
     /// What an entry for `key` and `answer` costs against the budget.
@@ -106,7 +116,12 @@ public struct LRUCache: Sendable {
 
     /// The answer for `key` if it is exact at `instant`; marks it most recently used.
     public mutating func answer(for key: CacheKey, at instant: Int64) -> CachedAnswer? {
-        guard let slot = self.slot(of: key, hash: SlotIndex.hash(key)) else {
+        self.answer(for: key, hash: SlotIndex.hash(key), at: instant)
+    }
+
+    /// ``answer(for:at:)`` for a key already hashed: `hash` must be ``hash(of:)`` of `key`.
+    public mutating func answer(for key: CacheKey, hash: UInt32, at instant: Int64) -> CachedAnswer? {
+        guard let slot = self.slot(of: key, hash: hash) else {
             self.statistics.misses += 1
             return nil
         }
@@ -129,7 +144,8 @@ public struct LRUCache: Sendable {
     }
 
     /// Starts loading, for every key, the memory its lookup will read (the index bucket,
-    /// the entry, the answer's bytes), without waiting: a batch calls this before looking
+    /// the entry, the answer's bytes, the links of its neighbours in the recency list,
+    /// which a hit writes), without waiting: a batch calls this before looking
     /// its keys up one by one, so that their memory misses overlap instead of coming one
     /// after another. Changes nothing; a lookup after it answers exactly as without it.
     public mutating func prefetch(_ keys: [CacheKey]) {
@@ -171,7 +187,11 @@ public struct LRUCache: Sendable {
                 // wait for it); the addresses are only prefetched, never read, so a wrong
                 // guess about the array's layout costs speed, not safety.
                 for slot in candidates[..<found] {
-                    let entry = UnsafeRawPointer(nodes.baseAddress! + Int(slot))
+                    // The neighbours in the recency list, which moving the entry to the
+                    // front writes: two more entries anywhere in memory.
+                    let node = nodes.baseAddress! + Int(slot)
+                    Self.prefetchNeighbours(of: node, in: nodes)
+                    let entry = UnsafeRawPointer(node)
                     guard let storage = UnsafeRawPointer(bitPattern: entry.load(fromByteOffset: Self.answerStorageOffset, as: UInt.self)) else {
                         continue
                     }
@@ -183,6 +203,19 @@ public struct LRUCache: Sendable {
             }
         }
         self.statistics.prefetched += UInt64(found)
+    }
+
+    /// Starts loading the recency links of `node`'s neighbours in the list, which moving
+    /// it to the front writes: two entries anywhere in memory.
+    private static func prefetchNeighbours(of node: UnsafePointer<Node>, in nodes: UnsafeBufferPointer<Node>) {
+        let previous = node.pointee.previous
+        let next = node.pointee.next
+        if previous >= 0 {
+            ent_prefetch(UnsafeRawPointer(nodes.baseAddress! + Int(previous)) + Self.linksOffset)
+        }
+        if next >= 0 {
+            ent_prefetch(UnsafeRawPointer(nodes.baseAddress! + Int(next)) + Self.linksOffset)
+        }
     }
 
     /// A Swift array's storage object: a 16-byte object header, the count, the capacity,

@@ -326,6 +326,22 @@ struct EntitlementsServerTests {
         for result in mixedBatch.results {
             #expect(result == (try await client.checkEntitlements(CheckEntitlementsRequest(userId: result.userId, at: now))))
         }
+        // An alias no resolver has learnt yet, asked twice in one batch with its customer:
+        // the batch's keys are made before its first read teaches the alias; the answers
+        // are still those of single checks.
+        var found: CustomerRecord?
+        for index in 40..<200 where found == nil {
+            found = try fixture.snapshot.customer(for: "user-\(index)").flatMap { $0.aliases.isEmpty ? nil : $0 }
+        }
+        let fresh = try #require(found)
+        let freshAlias = fresh.aliases[0]
+        let repeated = [freshAlias, fresh.id!, freshAlias]
+        let repeatedBatch = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: repeated, at: now))
+        #expect(repeatedBatch.results.map(\.userId) == repeated)
+        #expect(repeatedBatch.results.allSatisfy { $0.customerId == fresh.id })
+        for result in repeatedBatch.results {
+            #expect(result == (try await client.checkEntitlements(CheckEntitlementsRequest(userId: result.userId, at: now))))
+        }
         await #expect {
             try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: ids))
         } throws: { error in

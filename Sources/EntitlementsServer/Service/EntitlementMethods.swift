@@ -641,12 +641,14 @@ enum Validation {
     /// The longest user id accepted, in UTF-8 bytes.
     static let maximumUserIdBytes = 256
 
-    static func problem(userId: String?, field: String) -> String? {
+    /// `field` names the id in the message; it is made only when there is one (a batch
+    /// would otherwise format `user_ids[i]` for every user it checks).
+    static func problem(userId: String?, field: @autoclosure () -> String) -> String? {
         guard let userId, !userId.isEmpty else {
-            return "\(field): must not be empty"
+            return "\(field()): must not be empty"
         }
         guard userId.utf8.count <= Self.maximumUserIdBytes else {
-            return "\(field): must be at most \(Self.maximumUserIdBytes) bytes, got \(userId.utf8.count)"
+            return "\(field()): must be at most \(Self.maximumUserIdBytes) bytes, got \(userId.utf8.count)"
         }
         return nil
     }

@@ -125,32 +125,54 @@ final class ResolverCore {
     }
 
     func check(_ query: CheckQuery) -> CheckOutcome {
+        let canonical = self.canonicalId(of: query.userId)
+        let key = query.key(customerId: canonical)
+        return self.check(query, canonical: canonical, key: key, hash: LRUCache.hash(of: key))
+    }
+
+    /// Checks `queries` at `indices` (a batch's share), in that order. Each key is made and
+    /// hashed once, and the memory all their lookups will read is prefetched before the
+    /// first (``LRUCache/prefetch(hashes:)``), so that the batch's memory misses overlap.
+    func check(_ queries: [CheckQuery], at indices: [Int]) -> [CheckOutcome] {
+        guard indices.count > 1 else {
+            return indices.map { self.check(queries[$0]) }
+        }
+        let keys = indices.map { index in
+            let canonical = self.canonicalId(of: queries[index].userId)
+            return (canonical: canonical, key: queries[index].key(customerId: canonical))
+        }
+        return withUnsafeTemporaryAllocation(of: UInt32.self, capacity: keys.count) { hashes in
+            for (position, entry) in keys.enumerated() {
+                hashes.initializeElement(at: position, to: LRUCache.hash(of: entry.key))
+            }
+            self.cache.prefetch(hashes: UnsafeBufferPointer(hashes))
+            return indices.indices.map { position in
+                self.check(queries[indices[position]], canonical: keys[position].canonical, key: keys[position].key, hash: hashes[position])
+            }
+        }
+    }
+
+    /// `userId`'s customer id if it is an alias learnt earlier, else `userId`. (With no
+    /// alias learnt, as when every check asks by customer id, the id is not even hashed.)
+    private func canonicalId(of userId: String) -> String {
+        self.aliases.isEmpty ? userId : self.aliases[userId] ?? userId
+    }
+
+    /// A check whose canonical id, key and key's hash are known.
+    private func check(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32) -> CheckOutcome {
         if let deadline = query.deadline, NIODeadline.now() >= deadline {
             return .deadlineExceeded
         }
-        let canonical = self.aliases[query.userId] ?? query.userId
         let owner = LRUCache.shardIndex(for: canonical, shardCount: self.shardCount)
         guard owner == self.shard else {
             // An alias learnt earlier, of another resolver's customer: no store read here.
             return .forward(shard: owner, customerId: canonical)
         }
-        let key = query.key(customerId: canonical)
-        if let answer = self.cache.answer(for: key, at: query.instant) {
+        if let answer = self.cache.answer(for: key, hash: hash, at: query.instant) {
             return .answer(answer, customerId: canonical, fromCache: true)
         }
         // Read by the id as asked, alias or not: an alias that moved is followed.
         return self.readHere(query, customerId: nil)
-    }
-
-    /// Starts loading what checking `queries` at `indices` will read from the cache, so
-    /// that a batch's memory misses overlap (``LRUCache/prefetch(_:)``). Changes nothing.
-    func prefetch(_ queries: [CheckQuery], at indices: [Int]) {
-        guard indices.count > 1 else {
-            return
-        }
-        self.cache.prefetch(indices.map { index in
-            queries[index].key(customerId: self.aliases[queries[index].userId] ?? queries[index].userId)
-        })
     }
 
     /// ``prefetch(_:at:)`` for single checks, from their encoded requests: those of this
@@ -472,17 +494,14 @@ public final class ResolverPool: Sendable {
                     part.succeed((Array(repeating: .stopping, count: indices.count), []))
                     return
                 }
-                let core = resolver.core.value
-                core.prefetch(queries, at: indices)
+                let outcomes = resolver.core.value.check(queries, at: indices)
                 var cold: [EventLoopFuture<(Int, CheckOutcome)>] = []
-                let outcomes = indices.map { index in
-                    let outcome = core.check(queries[index])
+                for (index, outcome) in zip(indices, outcomes) {
                     if case .cold = outcome {
                         let read = loop.makePromise(of: CheckOutcome.self)
                         self.readCold(queries[index], customerId: nil, on: resolver, completing: read)
                         cold.append(read.futureResult.map { (index, $0) })
                     }
-                    return outcome
                 }
                 part.succeed((outcomes, cold))
             }

@@ -32,7 +32,7 @@ else
   COLD_CUSTOMERS=5000000; COLD_CACHE=64MiB
 fi
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491; GRPC_PORT=7493; DOOR_PORT=7494; GO_PORT=7495; CPP_PORT=7496
+PORT=7490; UNIX_SOCKET=/tmp/entitlements-bench.sock; REDIS_PORT=7491; GRPC_PORT=7493; DOOR_PORT=7494; GO_PORT=7495; CPP_PORT=7496; ADMIN_PORT=7497
 
 # 1. What is missing.
 make deps >/dev/null
@@ -68,7 +68,7 @@ g++ -O2 -std=c++17 benchmarks/peers/grpc-cpp/peer.cc -o "$WORK/grpc-cpp-peer" $(
 # date, door-h2load.sh its door-h2load.txt beside them.
 mkdir -p "$OUT"
 find "$OUT" -maxdepth 1 -type f \( -name '*-run*.json' -o -name '*-run*.hgrm' -o -name '*-rss-kib.txt' \
-  -o -name summary.md -o -name latency.png -o -name redis-benchmark-get.csv \) -delete
+  -o -name '*-cache-run*.txt' -o -name summary.md -o -name latency.png -o -name redis-benchmark-get.csv \) -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
 # The answers the gRPC peers serve: the bytes Redis holds (LoadGen export-answers).
@@ -187,11 +187,15 @@ for ROUND in $(seq 1 $RUNS); do
   stop
 
   # 9. Profile 5, cold: Zipf keys over the large set, a cache far smaller than it.
-  $SERVER_CPU $ENT serve --snapshot "$WORK/cold.snap" --listen 127.0.0.1:$PORT --cache-bytes $COLD_CACHE $THREADS > "$WORK/serve-cold.log" 2>&1 &
+  # The admin listener's /metrics says how many checks missed the cache, and how many of
+  # those misses were read on the cold-read threads (their pages not in memory).
+  $SERVER_CPU $ENT serve --snapshot "$WORK/cold.snap" --listen 127.0.0.1:$PORT --cache-bytes $COLD_CACHE --admin 127.0.0.1:$ADMIN_PORT $THREADS > "$WORK/serve-cold.log" 2>&1 &
   PIDS+=($!)
   wait_for "$WORK/serve-cold.log" "listening on 127.0.0.1:$PORT"
   load entitlements p5-cold --target entitlements --port $PORT --customers $COLD_CUSTOMERS --keys zipf --connections 50 --in-flight 1
   grep VmHWM "/proc/${PIDS[0]}/status" | awk '{print $2}' > "$OUT/entitlements-p5-rss-kib.txt"
+  python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$ADMIN_PORT/metrics', timeout=10).read().decode())" \
+    | grep -E '^entitlements_(cache_hits|cache_misses|cold_reads)_total ' > "$OUT/entitlements-p5-cache-run$ROUND.txt" || true
   stop
 done
 

@@ -199,6 +199,19 @@ for profile, title in [
     if run:
         each = " / ".join(f"{t:,.0f}" for t in run["each"])
         lines.append(f"| {title} | {run['throughput']:,.0f} | {run['p50']:.0f} | {run['p99']:.0f} | {run['p99.9']:.0f} | {each} |")
+# How cold p5 was: each round's cache counters (the server's /metrics after the run, warm-up
+# included), as shares; the median of the rounds.
+misses, cold_reads = [], []
+for path in sorted(glob.glob(os.path.join(folder, "entitlements-p5-cache-run*.txt"))):
+    counters = dict((name, float(value)) for name, value in (line.split() for line in open(path) if line.strip()))
+    checks = counters.get("entitlements_cache_hits_total", 0) + counters.get("entitlements_cache_misses_total", 0)
+    if checks > 0:
+        misses.append(counters.get("entitlements_cache_misses_total", 0) / checks)
+        cold_reads.append(counters.get("entitlements_cold_reads_total", 0) / max(1, counters.get("entitlements_cache_misses_total", 0)))
+if misses:
+    lines += ["", f"p5's cache (the server's counters over each whole run, warm-up included; median of {len(misses)} round{'s' if len(misses) != 1 else ''}): "
+              f"{100 * statistics.median(misses):.1f}% of checks missed it and were read from the snapshot, "
+              f"{100 * statistics.median(cold_reads):.2f}% of those on the cold-read threads (their pages not in memory)."]
 security = [(system, profile, median(system, profile)) for system in ("framed_token", "framed_tls") for profile in ("p2", "p3")]
 if any(run for _, _, run in security):
     lines += [

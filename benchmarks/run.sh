@@ -194,7 +194,7 @@ for ROUND in $(seq 1 $RUNS); do
   wait_for "$WORK/serve-cold.log" "listening on 127.0.0.1:$PORT"
   load entitlements p5-cold --target entitlements --port $PORT --customers $COLD_CUSTOMERS --keys zipf --connections 50 --in-flight 1
   grep VmHWM "/proc/${PIDS[0]}/status" | awk '{print $2}' > "$OUT/entitlements-p5-rss-kib.txt"
-  python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$ADMIN_PORT/metrics', timeout=10).read().decode())" \
+  python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$ADMIN_PORT/metrics', timeout=10).read().decode())" 2>/dev/null \
     | grep -E '^entitlements_(cache_hits|cache_misses|cold_reads)_total ' > "$OUT/entitlements-p5-cache-run$ROUND.txt" || true
   stop
 done

@@ -210,8 +210,8 @@ for path in sorted(glob.glob(os.path.join(folder, "entitlements-p5-cache-run*.tx
         cold_reads.append(counters.get("entitlements_cold_reads_total", 0) / max(1, counters.get("entitlements_cache_misses_total", 0)))
 if misses:
     lines += ["", f"p5's cache (the server's counters over each whole run, warm-up included; median of {len(misses)} round{'s' if len(misses) != 1 else ''}): "
-              f"{100 * statistics.median(misses):.1f}% of checks missed it and were read from the snapshot, "
-              f"{100 * statistics.median(cold_reads):.2f}% of those on the cold-read threads (their pages not in memory)."]
+              f"{100 * statistics.median(misses):.1f}% of cache lookups missed (each a read of the snapshot, or a wait for one under way), "
+              f"and reads on the cold-read threads (their pages not in memory) came to {100 * statistics.median(cold_reads):.2f}% of the misses."]
 security = [(system, profile, median(system, profile)) for system in ("framed_token", "framed_tls") for profile in ("p2", "p3")]
 if any(run for _, _, run in security):
     lines += [

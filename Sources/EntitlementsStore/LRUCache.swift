@@ -64,7 +64,7 @@ public struct LRUCache: Sendable {
         var nextOfCustomer: Int32 = -1
         /// The key's hash in ``SlotIndex`` (kept to find the entry again on removal).
         var hash: UInt32 = 0
-        /// The answer's byte count, for ``LRUCache/prefetch(_:)``.
+        /// The answer's byte count, for ``LRUCache/prefetch(hashes:)``.
         var answerBytes: Int32 = 0
     }
 
@@ -143,24 +143,12 @@ public struct LRUCache: Sendable {
         return answer
     }
 
-    /// Starts loading, for every key, the memory its lookup will read (the index bucket,
-    /// the entry, the answer's bytes, the links of its neighbours in the recency list,
-    /// which a hit writes), without waiting: a batch calls this before looking
-    /// its keys up one by one, so that their memory misses overlap instead of coming one
-    /// after another. Changes nothing; a lookup after it answers exactly as without it.
-    public mutating func prefetch(_ keys: [CacheKey]) {
-        guard keys.count > 1 else {
-            return
-        }
-        withUnsafeTemporaryAllocation(of: UInt32.self, capacity: keys.count) { hashes in
-            for (index, key) in keys.enumerated() {
-                hashes.initializeElement(at: index, to: SlotIndex.hash(key))
-            }
-            self.prefetch(hashes: UnsafeBufferPointer(hashes))
-        }
-    }
-
-    /// ``prefetch(_:)`` for keys already hashed (``CachePeek/hash``). Allocates nothing.
+    /// Starts loading, for every key hashed in `hashes` (``hash(of:)``, or
+    /// ``CachePeek/hash``), the memory its lookup will read (the index bucket, the entry,
+    /// the answer's bytes, the links of the entry's neighbours in the recency list, which a
+    /// hit writes), without waiting: a batch calls this before looking its keys up one by
+    /// one, so that their memory misses overlap instead of coming one after another.
+    /// Changes nothing; a lookup after it answers exactly as without it. Allocates nothing.
     public mutating func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
         guard hashes.count > 1, !self.nodes.isEmpty else {
             return
@@ -179,16 +167,17 @@ public struct LRUCache: Sendable {
                     }
                     candidates.initializeElement(at: found, to: slot)
                     found += 1
-                    ent_prefetch(nodes.baseAddress! + Int(slot))
-                    ent_prefetch(UnsafeRawPointer(nodes.baseAddress! + Int(slot)) + 64)
+                    // Every cache line the entry spans (it is not aligned to them).
+                    let entry = UnsafeRawPointer(nodes.baseAddress! + Int(slot))
+                    ent_prefetch(entry)
+                    ent_prefetch(entry + 64)
+                    ent_prefetch(entry + MemoryLayout<Node>.size - 1)
                 }
                 // The answer's bytes. Their storage's address is read as a word from the
                 // entry, so that no retain is made (a write to that storage, which would
                 // wait for it); the addresses are only prefetched, never read, so a wrong
                 // guess about the array's layout costs speed, not safety.
                 for slot in candidates[..<found] {
-                    // The neighbours in the recency list, which moving the entry to the
-                    // front writes: two more entries anywhere in memory.
                     let node = nodes.baseAddress! + Int(slot)
                     Self.prefetchNeighbours(of: node, in: nodes)
                     let entry = UnsafeRawPointer(node)
@@ -206,7 +195,8 @@ public struct LRUCache: Sendable {
     }
 
     /// Starts loading the recency links of `node`'s neighbours in the list, which moving
-    /// it to the front writes: two entries anywhere in memory.
+    /// it to the front writes: two entries anywhere in memory (the old head, also written,
+    /// is usually in the CPU's cache already).
     private static func prefetchNeighbours(of node: UnsafePointer<Node>, in nodes: UnsafeBufferPointer<Node>) {
         let previous = node.pointee.previous
         let next = node.pointee.next

@@ -49,7 +49,7 @@ struct ServeSettings {
         Key(name: "threads", defaultValue: "\(System.coreCount)", help: "event loop threads for connections and resolvers; default: CPU cores"),
         Key(name: "resolvers", defaultValue: "\(System.coreCount)", help: "resolver actors (cache shards); default: CPU cores"),
         Key(name: "cache-bytes", defaultValue: "256MiB", help: "cache budget across all resolvers"),
-        Key(name: "cold-read-threads", defaultValue: "2", help: "threads that read cache misses off the event loops; 0 reads them on the loop"),
+        Key(name: "cold-read-threads", defaultValue: "8", help: "threads that read cache misses off the event loops; 0 reads them on the loop"),
         Key(name: "cold-read-queue", defaultValue: "1024", help: "cache misses read or waiting at once; more are refused with RESOURCE_EXHAUSTED"),
         Key(name: "max-frame-bytes", defaultValue: "1048576", help: "largest request payload"),
         Key(name: "max-connections", defaultValue: "10000", help: "connections open at once; more are refused with RESOURCE_EXHAUSTED"),

@@ -326,17 +326,32 @@ struct EntitlementsServerTests {
         for result in mixedBatch.results {
             #expect(result == (try await client.checkEntitlements(CheckEntitlementsRequest(userId: result.userId, at: now))))
         }
-        // An alias no resolver has learnt yet, asked twice in one batch with its customer:
-        // the batch's keys are made before its first read teaches the alias; the answers
-        // are still those of single checks.
-        var found: CustomerRecord?
-        for index in 40..<200 where found == nil {
-            found = try fixture.snapshot.customer(for: "user-\(index)").flatMap { $0.aliases.isEmpty ? nil : $0 }
+        // An alias no resolver has learnt yet, asked twice in one batch with its customer,
+        // all three in one resolver's share: the first read teaches the alias, so the
+        // customer is read once and the other two are hits, as one by one.
+        var found: (record: CustomerRecord, alias: String)?
+        for index in 40..<400 where found == nil {
+            if let record = try fixture.snapshot.customer(for: "user-\(index)"),
+                let alias = record.aliases.first(where: { LRUCache.shardIndex(for: $0, shardCount: 2) == LRUCache.shardIndex(for: record.id!, shardCount: 2) })
+            {
+                found = (record, alias)
+            }
         }
-        let fresh = try #require(found)
-        let freshAlias = fresh.aliases[0]
+        let (fresh, freshAlias) = try #require(found)
+        func totals() async -> (hits: UInt64, insertions: UInt64) {
+            var totals: (hits: UInt64, insertions: UInt64) = (0, 0)
+            for resolver in fixture.server.pool.resolvers {
+                let statistics = await resolver.cacheStatistics
+                totals = (totals.hits + statistics.hits, totals.insertions + statistics.insertions)
+            }
+            return totals
+        }
+        let before = await totals()
         let repeated = [freshAlias, fresh.id!, freshAlias]
         let repeatedBatch = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: repeated, at: now))
+        let after = await totals()
+        #expect(after.insertions - before.insertions == 1, "the customer was read more than once")
+        #expect(after.hits - before.hits == 2)
         #expect(repeatedBatch.results.map(\.userId) == repeated)
         #expect(repeatedBatch.results.allSatisfy { $0.customerId == fresh.id })
         for result in repeatedBatch.results {

@@ -164,7 +164,8 @@ struct LRUCacheTests {
         }
         let before = (cache.keysByRecency, cache.statistics)
         let keys = (0..<80).map { key("user-\($0 * 7 % 90)") } + [CacheKey(customerId: "user-3", environment: .sandbox)]
-        cache.prefetch(keys)
+        let hashes = keys.map(LRUCache.hash(of:))
+        hashes.withUnsafeBufferPointer { cache.prefetch(hashes: $0) }
         #expect(cache.keysByRecency == before.0)
         var statistics = cache.statistics
         #expect(statistics.prefetched == UInt64(keys.filter { $0.environment == .production && Int($0.customerId.dropFirst(5))! < 50 }.count))

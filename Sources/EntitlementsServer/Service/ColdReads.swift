@@ -15,6 +15,8 @@ import Synchronization
 public struct ColdReadSettings: Sendable {
     /// Threads that read what is not in memory; 0 reads every miss on the resolver's event
     /// loop, waiting for the disk if need be (the hits queued behind it then wait too).
+    /// They mostly wait for the disk, so their number is how many reads the disk is given
+    /// at once, not a share of the CPU: 8 by default (benchmarks/README.md, "Cold reads").
     public var threads: Int
     /// Reads queued or running at most (distinct customers: a check for a customer whose
     /// read is already under way waits for that read and takes no place). A miss beyond
@@ -27,7 +29,7 @@ public struct ColdReadSettings: Sendable {
     /// may block, to make the read slow (a write may land meanwhile); its result is ignored.
     public var disk: (@Sendable (_ id: String, _ mayWait: Bool) -> Bool)?
 
-    public init(threads: Int = 2, queueLimit: Int = 1_024, disk: (@Sendable (_ id: String, _ mayWait: Bool) -> Bool)? = nil) {
+    public init(threads: Int = 8, queueLimit: Int = 1_024, disk: (@Sendable (_ id: String, _ mayWait: Bool) -> Bool)? = nil) {
         self.threads = threads
         self.queueLimit = queueLimit
         self.disk = disk

@@ -126,17 +126,20 @@ final class ResolverCore {
 
     func check(_ query: CheckQuery) -> CheckOutcome {
         let canonical = self.canonicalId(of: query.userId)
+        if let elsewhere = self.unanswerable(query, canonical: canonical) {
+            return elsewhere
+        }
         let key = query.key(customerId: canonical)
-        return self.check(query, canonical: canonical, key: key, hash: LRUCache.hash(of: key))
+        return self.lookUp(query, canonical: canonical, key: key, hash: LRUCache.hash(of: key))
     }
 
-    /// Checks `queries` at `indices` (a batch's share), in that order. Each key is made and
-    /// hashed once, and the memory all their lookups will read is prefetched before the
-    /// first (``LRUCache/prefetch(hashes:)``), so that the batch's memory misses overlap.
-    func check(_ queries: [CheckQuery], at indices: [Int]) -> [CheckOutcome] {
-        guard indices.count > 1 else {
-            return indices.map { self.check(queries[$0]) }
-        }
+    /// Checks `queries` at `indices` (a batch's share), in that order, as ``check(_:)``
+    /// would one by one; `cold` is called at once with the index of each that must be read
+    /// on the cold-read threads (so that a later check of the same key waits for that read).
+    /// Each key is made and hashed once, and the memory all the lookups will read is
+    /// prefetched before the first (``LRUCache/prefetch(hashes:)``), so that the batch's
+    /// memory misses overlap.
+    func check(_ queries: [CheckQuery], at indices: [Int], cold: (Int) -> Void) -> [CheckOutcome] {
         let keys = indices.map { index in
             let canonical = self.canonicalId(of: queries[index].userId)
             return (canonical: canonical, key: queries[index].key(customerId: canonical))
@@ -147,7 +150,20 @@ final class ResolverCore {
             }
             self.cache.prefetch(hashes: UnsafeBufferPointer(hashes))
             return indices.indices.map { position in
-                self.check(queries[indices[position]], canonical: keys[position].canonical, key: keys[position].key, hash: hashes[position])
+                let query = queries[indices[position]]
+                var (canonical, key, hash) = (keys[position].canonical, keys[position].key, hashes[position])
+                if canonical == query.userId, !self.aliases.isEmpty, let learnt = self.aliases[query.userId] {
+                    // An alias that a read earlier in this share taught: asked by its
+                    // customer, as a check after that read would be.
+                    canonical = learnt
+                    key = query.key(customerId: learnt)
+                    hash = LRUCache.hash(of: key)
+                }
+                let outcome = self.unanswerable(query, canonical: canonical) ?? self.lookUp(query, canonical: canonical, key: key, hash: hash)
+                if case .cold = outcome {
+                    cold(indices[position])
+                }
+                return outcome
             }
         }
     }
@@ -158,8 +174,9 @@ final class ResolverCore {
         self.aliases.isEmpty ? userId : self.aliases[userId] ?? userId
     }
 
-    /// A check whose canonical id, key and key's hash are known.
-    private func check(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32) -> CheckOutcome {
+    /// What a check gets before any lookup: deadline exceeded, or a forward for an alias
+    /// of another resolver's customer; nil if this resolver answers it.
+    private func unanswerable(_ query: CheckQuery, canonical: String) -> CheckOutcome? {
         if let deadline = query.deadline, NIODeadline.now() >= deadline {
             return .deadlineExceeded
         }
@@ -168,6 +185,11 @@ final class ResolverCore {
             // An alias learnt earlier, of another resolver's customer: no store read here.
             return .forward(shard: owner, customerId: canonical)
         }
+        return nil
+    }
+
+    /// The cache's answer for `key` (whose hash is `hash`), or a read.
+    private func lookUp(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32) -> CheckOutcome {
         if let answer = self.cache.answer(for: key, hash: hash, at: query.instant) {
             return .answer(answer, customerId: canonical, fromCache: true)
         }
@@ -175,8 +197,8 @@ final class ResolverCore {
         return self.readHere(query, customerId: nil)
     }
 
-    /// ``prefetch(_:at:)`` for single checks, from their encoded requests: those of this
-    /// resolver's shard. Allocates nothing.
+    /// The prefetch of ``check(_:at:cold:)`` for single checks, from their encoded requests:
+    /// those of this resolver's shard. Allocates nothing.
     func prefetch(_ peeks: UnsafeBufferPointer<CachePeek>) {
         withUnsafeTemporaryAllocation(of: UInt32.self, capacity: peeks.count) { hashes in
             var mine = 0
@@ -494,14 +516,11 @@ public final class ResolverPool: Sendable {
                     part.succeed((Array(repeating: .stopping, count: indices.count), []))
                     return
                 }
-                let outcomes = resolver.core.value.check(queries, at: indices)
                 var cold: [EventLoopFuture<(Int, CheckOutcome)>] = []
-                for (index, outcome) in zip(indices, outcomes) {
-                    if case .cold = outcome {
-                        let read = loop.makePromise(of: CheckOutcome.self)
-                        self.readCold(queries[index], customerId: nil, on: resolver, completing: read)
-                        cold.append(read.futureResult.map { (index, $0) })
-                    }
+                let outcomes = resolver.core.value.check(queries, at: indices) { index in
+                    let read = loop.makePromise(of: CheckOutcome.self)
+                    self.readCold(queries[index], customerId: nil, on: resolver, completing: read)
+                    cold.append(read.futureResult.map { (index, $0) })
                 }
                 part.succeed((outcomes, cold))
             }

@@ -173,10 +173,10 @@ public struct LRUCache: Sendable {
                     ent_prefetch(entry + 64)
                     ent_prefetch(entry + MemoryLayout<Node>.size - 1)
                 }
-                // The answer's bytes. Their storage's address is read as a word from the
-                // entry, so that no retain is made (a write to that storage, which would
-                // wait for it); the addresses are only prefetched, never read, so a wrong
-                // guess about the array's layout costs speed, not safety.
+                // The neighbours' links, then the answer's bytes. Their storage's address is
+                // read as a word from the entry, so that no retain is made (a write to that
+                // storage, which would wait for it); the addresses are only prefetched, never
+                // read, so a wrong guess about the array's layout costs speed, not safety.
                 for slot in candidates[..<found] {
                     let node = nodes.baseAddress! + Int(slot)
                     Self.prefetchNeighbours(of: node, in: nodes)

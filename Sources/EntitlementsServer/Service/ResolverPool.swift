@@ -188,13 +188,13 @@ final class ResolverCore {
         return nil
     }
 
-    /// The cache's answer for `key` (whose hash is `hash`), or a read.
-    private func lookUp(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32) -> CheckOutcome {
+    /// The cache's answer for `key` (whose hash is `hash`), or a read: by `readAs` if given,
+    /// else by the id as asked, alias or not (so that an alias that moved is followed).
+    private func lookUp(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32, readAs: String? = nil) -> CheckOutcome {
         if let answer = self.cache.answer(for: key, hash: hash, at: query.instant) {
             return .answer(answer, customerId: canonical, fromCache: true)
         }
-        // Read by the id as asked, alias or not: an alias that moved is followed.
-        return self.readHere(query, customerId: nil)
+        return self.readHere(query, customerId: readAs)
     }
 
     /// The prefetch of ``check(_:at:cold:)`` for single checks, from their encoded requests:
@@ -217,10 +217,7 @@ final class ResolverCore {
             return .deadlineExceeded
         }
         let key = query.key(customerId: customerId)
-        if let answer = self.cache.answer(for: key, at: query.instant) {
-            return .answer(answer, customerId: customerId, fromCache: true)
-        }
-        return self.readHere(query, customerId: customerId)
+        return self.lookUp(query, canonical: customerId, key: key, hash: LRUCache.hash(of: key), readAs: customerId)
     }
 
     /// A miss read on this loop: at once if the snapshot's pages are in memory (or if there

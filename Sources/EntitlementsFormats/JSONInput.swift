@@ -198,16 +198,11 @@ private struct GrantJSON: Decodable {
 
 // MARK: Validation
 
-/// The most bytes an id (customer, alias, product, entitlement, transaction) may have;
-/// the same limit the protocol puts on user ids.
-let maximumIdBytes = 256
-
+/// An id (customer, alias, product, entitlement, transaction, grant) follows the
+/// protocol's ``IdRule``: 1 to 256 bytes, in NFC.
 private func checkId(_ value: String, _ field: String) throws {
-    guard !value.isEmpty else {
-        throw FieldError(field: field, reason: "must not be empty")
-    }
-    guard value.utf8.count <= maximumIdBytes else {
-        throw FieldError(field: field, reason: "must be at most \(maximumIdBytes) bytes, got \(value.utf8.count)")
+    if let problem = IdRule.problem(value) {
+        throw FieldError(field: field, reason: problem)
     }
     try checkText(value, field)
 }

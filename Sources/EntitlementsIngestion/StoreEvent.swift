@@ -31,6 +31,8 @@ public enum RejectionReason: String, Sendable, Hashable, CaseIterable {
     case badChain = "bad_chain"
     case missingField = "missing_field"
     case tooLarge = "too_large"
+    /// A user id the event names is not an id (docs/PROTOCOL.md, "Ids"): too long, or not NFC.
+    case invalidId = "invalid_id"
     /// An App Store notification of an app not named by --appstore-bundle-id.
     case otherApp = "other_app"
 }

@@ -82,10 +82,6 @@ extension WriteEffect {
 /// its effect. Pure: the current state comes in through `lookup`, which finds the customer
 /// a user id (customer id or alias) names.
 public struct CustomerMutation {
-    /// The longest id accepted (user ids, aliases, transaction, product, grant and
-    /// entitlement ids), in UTF-8 bytes.
-    public static let maximumIdBytes = 256
-
     public let catalog: ProductCatalog
     /// Finds the current record of the customer a user id names, or nil.
     public let lookup: (String) throws -> CustomerRecord?
@@ -197,17 +193,17 @@ public struct CustomerMutation {
     }
 
     private func recordTransaction(_ request: RecordTransactionRequest) throws -> WriteEffect {
-        let userId = try Self.id(request.userId, "user_id")
+        let userId = try self.id(request.userId, "user_id")
         guard var transaction = request.transaction else {
             throw WriteRefusal(.invalidArgument, "transaction: required")
         }
-        let transactionId = try Self.id(transaction.transactionId, "transaction.transaction_id")
+        let transactionId = try self.id(transaction.transactionId, "transaction.transaction_id")
         if transaction.originalTransactionId == nil {
             transaction.originalTransactionId = transactionId  // the first of its chain
         }
-        _ = try Self.id(transaction.originalTransactionId, "transaction.original_transaction_id")
+        _ = try self.id(transaction.originalTransactionId, "transaction.original_transaction_id")
         try self.checkStore(transaction.store, "transaction.store")
-        let productId = try Self.id(transaction.productId, "transaction.product_id")
+        let productId = try self.id(transaction.productId, "transaction.product_id")
         guard self.catalog.contains(productId) else {
             throw WriteRefusal(
                 .invalidArgument,
@@ -270,12 +266,12 @@ public struct CustomerMutation {
     }
 
     private func updateSubscriptionState(_ request: UpdateSubscriptionStateRequest) throws -> WriteEffect {
-        let userId = try Self.id(request.userId, "user_id")
+        let userId = try self.id(request.userId, "user_id")
         guard var state = request.state else {
             throw WriteRefusal(.invalidArgument, "state: required")
         }
         try self.checkStore(state.store, "state.store")
-        let chain = try Self.id(state.originalTransactionId, "state.original_transaction_id")
+        let chain = try self.id(state.originalTransactionId, "state.original_transaction_id")
         var (record, created) = try self.recordOrNew(userId)
         let customerId = record.id!
         let store = state.store
@@ -354,12 +350,12 @@ public struct CustomerMutation {
     }
 
     private func grantEntitlement(_ request: GrantEntitlementRequest, now: Int64) throws -> WriteEffect {
-        let userId = try Self.id(request.userId, "user_id")
+        let userId = try self.id(request.userId, "user_id")
         guard var grant = request.grant else {
             throw WriteRefusal(.invalidArgument, "grant: required")
         }
-        let grantId = try Self.id(grant.grantId, "grant.grant_id")
-        _ = try Self.id(grant.entitlementId, "grant.entitlement_id")
+        let grantId = try self.id(grant.grantId, "grant.grant_id")
+        _ = try self.id(grant.entitlementId, "grant.entitlement_id")
         var (record, created) = try self.recordOrNew(userId)
         // A retried grant without a date keeps the date it was first given.
         let granted = grant.grantedDate ?? record.grants.first { $0.grantId == grantId }?.grantedDate ?? now
@@ -380,8 +376,8 @@ public struct CustomerMutation {
     }
 
     private func revokeGrant(_ request: RevokeGrantRequest, now: Int64) throws -> WriteEffect {
-        let userId = try Self.id(request.userId, "user_id")
-        let grantId = try Self.id(request.grantId, "grant_id")
+        let userId = try self.id(request.userId, "user_id")
+        let grantId = try self.id(request.grantId, "grant_id")
         guard var record = try self.lookup(userId), let customerId = record.id else {
             throw WriteRefusal(.notFound, "user_id: no customer \"\(userId)\"")
         }
@@ -403,8 +399,8 @@ public struct CustomerMutation {
     }
 
     private func linkAlias(_ request: LinkAliasRequest) throws -> WriteEffect {
-        let userId = try Self.id(request.userId, "user_id")
-        let alias = try Self.id(request.alias, "alias")
+        let userId = try self.id(request.userId, "user_id")
+        let alias = try self.id(request.alias, "alias")
         var (record, created) = try self.recordOrNew(userId)
         let customerId = record.id!
         var logged = request
@@ -437,7 +433,7 @@ public struct CustomerMutation {
     }
 
     private func deleteCustomer(_ request: DeleteCustomerRequest) throws -> WriteEffect {
-        let userId = try Self.id(request.userId, "user_id")
+        let userId = try self.id(request.userId, "user_id")
         guard let record = try self.lookup(userId), let customerId = record.id else {
             // Deleting what is not there is done already: a retried delete succeeds.
             return WriteEffect(customerId: userId, logged: .deleteCustomer(request))
@@ -476,13 +472,19 @@ public struct CustomerMutation {
         return (CustomerRecord(id: userId), true)
     }
 
-    /// A required id: present, 1 to 256 bytes.
-    static func id(_ value: String?, _ field: String) throws -> String {
+    /// A required id: present and following ``IdRule`` (1 to 256 bytes, NFC). A replayed
+    /// write is held to the length only: binaries before the NFC rule logged ids that are
+    /// not NFC, and their writes must still replay.
+    func id(_ value: String?, _ field: String) throws -> String {
         guard let value, !value.isEmpty else {
             throw WriteRefusal(.invalidArgument, "\(field): required")
         }
-        guard value.utf8.count <= Self.maximumIdBytes else {
-            throw WriteRefusal(.invalidArgument, "\(field): must be at most \(Self.maximumIdBytes) bytes, got \(value.utf8.count)")
+        if self.replaying {
+            guard value.utf8.count <= IdRule.maximumBytes else {
+                throw WriteRefusal(.invalidArgument, "\(field): must be at most \(IdRule.maximumBytes) bytes, got \(value.utf8.count)")
+            }
+        } else if let problem = IdRule.problem(value) {
+            throw WriteRefusal(.invalidArgument, "\(field): \(problem)")
         }
         return value
     }

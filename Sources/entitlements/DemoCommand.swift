@@ -15,12 +15,12 @@ struct DemoCommand: ParsableCommand {
     @Flag(name: .long, help: "Print every frame as hex.")
     var hex = false
 
-    @Option(name: .long, help: "The user id to put in the request (1 to 256 bytes).")
+    @Option(name: .long, help: "The user id to put in the request (1 to 256 bytes, in Unicode NFC).")
     var user = "user-1"
 
     func validate() throws {
-        guard !self.user.isEmpty, self.user.utf8.count <= 256 else {
-            throw ValidationError("--user must be 1 to 256 bytes, got \(self.user.utf8.count)")
+        if let problem = IdRule.problem(self.user) {
+            throw ValidationError("--user \(problem)")
         }
         guard !self.user.utf8.contains(0) else {
             throw ValidationError("--user must not contain a NUL character")

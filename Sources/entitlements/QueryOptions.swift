@@ -5,7 +5,7 @@ import EntitlementsMessages
 /// The question of `check` and `resolve`: who, which entitlements, when, where, and how
 /// to print the answer.
 struct QueryOptions: ParsableArguments {
-    @Option(help: "The customer id or alias (1 to 256 bytes).")
+    @Option(help: "The customer id or alias (1 to 256 bytes, in Unicode NFC).")
     var user: String
 
     @Option(name: .customLong("entitlement"), help: "Only this entitlement; repeat for several. Default: all.")
@@ -21,8 +21,8 @@ struct QueryOptions: ParsableArguments {
     var json = false
 
     func validate() throws {
-        guard !self.user.isEmpty, self.user.utf8.count <= 256 else {
-            throw ValidationError("--user must be 1 to 256 bytes, got \(self.user.utf8.count)")
+        if let problem = IdRule.problem(self.user) {
+            throw ValidationError("--user \(problem)")
         }
         if let at = self.at, RFC3339.parse(at) == nil {
             throw ValidationError("--at \"\(at)\" is not an RFC 3339 date-time, e.g. 2026-01-31T12:00:00Z")

@@ -67,6 +67,8 @@ struct CustomerLineTests {
         (#"{"aliases":[]}"#, "id: missing"),
         (#"{"id":""}"#, "id: must not be empty"),
         (#"{"id":"\#(String(repeating: "x", count: 257))"}"#, "id: must be at most 256 bytes, got 257"),
+        (#"{"id":"Zoe\u0308"}"#, "id: must be in Unicode Normalization Form C (NFC), e.g. U+00E9, not e followed by U+0301; normalize it to NFC"),
+        (#"{"id":"u","aliases":["\u2126"]}"#, "aliases[0]: must be in Unicode Normalization Form C (NFC), e.g. U+00E9, not e followed by U+0301; normalize it to NFC"),
         (#"{"id":"a\u0000b"}"#, "id: must not contain a NUL character"),
         (#"{"id":7}"#, "id: expected a string"),
         (#"{"id":null}"#, "id: must not be null"),

@@ -187,6 +187,20 @@ struct StripeWebhookTests {
         try await fixture.stop()
     }
 
+    @Test("a metadata user id that is not NFC is refused (400 invalid_id) before anything is read or written")
+    func userIdNotNFC() async throws {
+        let fixture = try await WebhookFixture(now: Self.now)
+        let decomposed = F.event("evt_z1", "customer.created", created: F.start, F.customer("cus_z", user: "Zoe\u{308}"))
+        let refused = await fixture.deliver(decomposed, signedAt: Self.seconds)
+        #expect(refused.status == 400 && refused.body.contains(#""reason":"invalid_id""#) && refused.body.contains("NFC"), "\(refused.body)")
+        #expect(try await fixture.check("stripe:cus_z", at: Self.now).customerId == nil)
+        let composed = F.event("evt_z2", "customer.created", created: F.start, F.customer("cus_z", user: "Zo\u{EB}"))
+        #expect(await fixture.deliver(composed, signedAt: Self.seconds).status == 200)
+        let linked = try await fixture.check("stripe:cus_z", at: Self.now).customerId
+        #expect(linked.map { Array($0.utf8) } == Array("Zo\u{EB}".utf8))
+        try await fixture.stop()
+    }
+
     @Test("over HTTP: 200 for a signed event, 400 with a reason for a bad signature, 404 elsewhere, 405 for GET, 503 for an unknown user")
     func overHTTP() async throws {
         let fixture = try await WebhookFixture(now: Self.now)

@@ -122,7 +122,9 @@ struct EntitlementsServerTests {
         (CheckEntitlementsRequest(userId: ""), StatusCode.invalidArgument, "user_id: must not be empty"),
         (CheckEntitlementsRequest(), .invalidArgument, "user_id: must not be empty"),
         (CheckEntitlementsRequest(userId: String(repeating: "x", count: 257)), .invalidArgument, "user_id: must be at most 256 bytes, got 257"),
-        (CheckEntitlementsRequest(userId: "u", entitlementIds: [""]), .invalidArgument, "entitlement_ids[0]: must be 1 to 256 bytes"),
+        (CheckEntitlementsRequest(userId: "u", entitlementIds: [""]), .invalidArgument, "entitlement_ids[0]: must not be empty"),
+        (CheckEntitlementsRequest(userId: "Zoe\u{308}"), .invalidArgument, "user_id: \(IdRule.problem("e\u{301}")!)"),
+        (CheckEntitlementsRequest(userId: "u", entitlementIds: ["pre\u{301}mium"]), .invalidArgument, "entitlement_ids[0]: \(IdRule.problem("e\u{301}")!)"),
     ])
     func badRequests(request: CheckEntitlementsRequest, code: StatusCode, message: String) async throws {
         let fixture = try await ServerFixture()

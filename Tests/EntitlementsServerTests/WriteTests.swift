@@ -44,6 +44,45 @@ struct WriteTests {
         try await fixture.stop()
     }
 
+    /// "Zoë" spelt with U+00EB and with e followed by U+0301 are one Swift String but two
+    /// byte strings. Before the NFC rule, a check of the decomposed id found the composed
+    /// customer's write in the store's overlay (keyed by String) and answered with its
+    /// entitlements.
+    @Test("an id that is not NFC is refused by checks, batches, watches and writes; it never reads the NFC customer's answer")
+    func idsMustBeNFC() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let composed = "Zo\u{EB}", decomposed = "Zoe\u{308}"
+        let notNFC = "must be in Unicode Normalization Form C (NFC), e.g. U+00E9, not e followed by U+0301; normalize it to NFC"
+        let written: WriteResponse = try await client.call(.grantEntitlement, Self.grant(composed, "vip"))
+        #expect(written.created)
+        #expect(Self.active(try await Self.check(client, composed)) == ["vip"])
+        func refused(_ message: String, _ call: () async throws -> Void) async {
+            await #expect {
+                try await call()
+            } throws: { error in
+                (error as! EntitlementsClientError) == EntitlementsClientError(code: .invalidArgument, message: message)
+            }
+        }
+        await refused("user_id: \(notNFC)") { _ = try await Self.check(client, decomposed) }
+        await refused("user_ids[1]: \(notNFC)") {
+            _ = try await client.batchCheckEntitlements(BatchCheckEntitlementsRequest(userIds: [composed, decomposed], at: now))
+        }
+        await refused("user_ids[0]: \(notNFC)") {
+            for try await _ in try await client.watch(WatchEntitlementsRequest(userIds: [decomposed])) {}
+        }
+        await refused("user_id: \(notNFC)") {
+            let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant(decomposed, "gold"))
+        }
+        await refused("alias: \(notNFC)") {
+            let _: WriteResponse = try await client.call(.linkAlias, LinkAliasRequest(userId: "user-1", alias: decomposed))
+        }
+        // The composed customer is as it was.
+        #expect(Self.active(try await Self.check(client, composed)) == ["vip"])
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("alias transfer and delete take effect for checks by alias, even for a learnt alias")
     func aliasesFollowWrites() async throws {
         let fixture = try await ServerFixture(writable: true)

@@ -236,6 +236,10 @@ struct CustomerMutationTests {
         (.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "u", state: SubscriptionState(store: .appstore))), "state.original_transaction_id: required"),
         (.linkAlias(LinkAliasRequest(userId: "alice", alias: String(repeating: "x", count: 257))), "alias: must be at most 256 bytes, got 257"),
         (.linkAlias(LinkAliasRequest(userId: "alice", alias: "alice")), "alias: \"alice\" is the customer's own id"),
+        // Not NFC: "é" as "e" and U+0301 is the same String as "é" (U+00E9), with other bytes.
+        (.linkAlias(LinkAliasRequest(userId: "alice", alias: "ame\u{301}lie")), "alias: must be in Unicode Normalization Form C (NFC)"),
+        (.grantEntitlement(GrantEntitlementRequest(userId: "Zoe\u{308}", grant: Grant(grantId: "g", entitlementId: "pro"))), "user_id: must be in Unicode Normalization Form C (NFC)"),
+        (WriteWorld.purchase("alice", "t\u{2126}"), "transaction.transaction_id: must be in Unicode Normalization Form C (NFC)"),
     ])
     func invalid(mutation: LogRecord.Mutation, message: String) throws {
         var world = World()
@@ -244,6 +248,20 @@ struct CustomerMutationTests {
         } throws: { error in
             let refusal = error as! WriteRefusal
             return refusal.reason == .invalidArgument && refusal.message.hasPrefix(message)
+        }
+    }
+
+    @Test("a logged write with an id that is not NFC (admitted before the NFC rule) still replays")
+    func replaysIdsThatAreNotNFC() throws {
+        let world = World()
+        let grant = LogRecord.Mutation.grantEntitlement(GrantEntitlementRequest(userId: "Zoe\u{308}", grant: Grant(grantId: "g", entitlementId: "pro")))
+        let replay = CustomerMutation(catalog: ProductCatalog(WriteWorld.catalog), replaying: true, lookup: { world.lookup($0) })
+        let effect = try replay.effect(of: grant, now: now)
+        #expect(effect.created && Array(effect.customerId.utf8) == Array("Zoe\u{308}".utf8))
+        #expect {
+            try CustomerMutation(catalog: ProductCatalog(WriteWorld.catalog), lookup: { world.lookup($0) }).effect(of: grant, now: now)
+        } throws: { error in
+            (error as! WriteRefusal).reason == .invalidArgument
         }
     }
 

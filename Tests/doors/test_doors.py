@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 import unittest
 import urllib.request
 
@@ -176,6 +177,10 @@ class GRPCDoor(unittest.TestCase):
 
     def test_bad_request(self):
         self.assert_status(grpc.StatusCode.INVALID_ARGUMENT, "user_id: must not be empty", self.check, "")
+        # "Zoë" decomposed (e + U+0308): ids must be NFC (PROTOCOL.md, "Ids").
+        self.assert_status(grpc.StatusCode.INVALID_ARGUMENT, "user_id: must be in Unicode Normalization Form C (NFC)",
+                           self.check, "Zoe\u0308")
+        self.check(unicodedata.normalize("NFC", "Zoe\u0308"))
 
     def test_every_write(self):
         user, now = "py-writes-%d" % now_ms(), now_ms()

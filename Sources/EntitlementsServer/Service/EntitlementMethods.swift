@@ -259,6 +259,9 @@ public final class EntitlementMethods: Sendable {
         if let refused = self.authorize(.recordTransaction, context) {
             return .failure(refused)
         }
+        if let problem = Validation.problem(userId: userId, field: "user_id") {
+            return .failure(ServiceError(.invalidArgument, problem))
+        }
         do {
             return .success(try self.store.customer(for: userId))
         } catch {
@@ -636,26 +639,25 @@ public struct BatchCheckAnswer: Sendable {
     }
 }
 
-/// Request validation shared by the methods.
+/// Request validation shared by the methods: every id follows ``IdRule``.
 enum Validation {
     /// The longest user id accepted, in UTF-8 bytes.
-    static let maximumUserIdBytes = 256
+    static let maximumUserIdBytes = IdRule.maximumBytes
 
     /// `field` names the id in the message; it is made only when there is one (a batch
     /// would otherwise format `user_ids[i]` for every user it checks).
     static func problem(userId: String?, field: @autoclosure () -> String) -> String? {
-        guard let userId, !userId.isEmpty else {
-            return "\(field()): must not be empty"
+        guard let problem = IdRule.problem(userId ?? "") else {
+            return nil
         }
-        guard userId.utf8.count <= Self.maximumUserIdBytes else {
-            return "\(field()): must be at most \(Self.maximumUserIdBytes) bytes, got \(userId.utf8.count)"
-        }
-        return nil
+        return "\(field()): \(problem)"
     }
 
     static func problem(entitlementIds: [String]) -> String? {
-        for (index, id) in entitlementIds.enumerated() where id.isEmpty || id.utf8.count > Self.maximumUserIdBytes {
-            return "entitlement_ids[\(index)]: must be 1 to \(Self.maximumUserIdBytes) bytes"
+        for (index, id) in entitlementIds.enumerated() {
+            if let problem = IdRule.problem(id) {
+                return "entitlement_ids[\(index)]: \(problem)"
+            }
         }
         return nil
     }

@@ -92,3 +92,46 @@ enum StoreEventPlan: Sendable, Hashable {
     /// handle, or one whose state arrives with another event).
     case ignore(reason: String)
 }
+
+extension StoreEventPlan {
+    /// The first id the plan would write or look up that is not an id by ``IdRule``
+    /// (docs/PROTOCOL.md, "Ids": 1 to 256 bytes, in NFC), as "what: problem"; nil when
+    /// there is none. Such an event is refused (400 `invalid_id`) before anything is read:
+    /// its writes would be refused however often the store delivered it again.
+    var idProblem: String? {
+        guard case .apply(let identity, let writes) = self else {
+            return nil
+        }
+        var ids: [(what: String, id: String?)] = []
+        switch identity {
+        case .user(let user, let storeCustomer):
+            ids += [("the user id", user), ("the store customer's alias", storeCustomer)]
+        case .storeCustomer(let alias):
+            ids.append(("the store customer's alias", alias))
+        case .accountToken(let token, let chainAlias):
+            ids += [("appAccountToken", token), ("the subscription's alias", chainAlias)]
+        }
+        for write in writes {
+            switch write {
+            case .linkStoreCustomer(let alias):
+                ids.append(("the store customer's alias", alias))
+            case .transaction(let transaction, _):
+                ids += [
+                    ("the transaction id", transaction.transactionId),
+                    ("the original transaction id", transaction.originalTransactionId),
+                    ("the product id", transaction.productId),
+                ]
+            case .state(let state):
+                ids.append(("the original transaction id", state.originalTransactionId))
+            case .revokeTransaction(_, let transactionId, _):
+                ids.append(("the refunded transaction id", transactionId))
+            }
+        }
+        for (what, id) in ids {
+            if let id, let problem = IdRule.problem(id) {
+                return "\(what) \(id.debugDescription): \(problem)"
+            }
+        }
+        return nil
+    }
+}

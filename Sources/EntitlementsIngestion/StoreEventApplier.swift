@@ -39,7 +39,7 @@ struct StoreEventApplier: Sendable {
             }
         case .accountToken(let token, let alias):
             var named = try self.record(token, context)?.id
-            if named == nil {
+            if named == nil, IdRule.problem(token.uppercased()) == nil {
                 named = try self.record(token.uppercased(), context)?.id
             }
             if let id = named {

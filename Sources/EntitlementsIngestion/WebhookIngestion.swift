@@ -145,6 +145,9 @@ public final class WebhookIngestion: Sendable {
             self.count(store, "ignored", reason)
             return WebhookAnswer(status: 200, body: Self.json(["received": .bool(true), "ignored": .string(reason)]))
         case .apply(let identity, let writes):
+            if let problem = plan.idProblem {
+                return self.rejected(store, IngestionRejection(.invalidId, problem), event: event)
+            }
             // One event at a time: a refund reads the record it then writes, and two events
             // of one subscription must not interleave their reads and writes.
             await self.serial.acquire()

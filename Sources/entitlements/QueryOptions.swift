@@ -24,6 +24,11 @@ struct QueryOptions: ParsableArguments {
         if let problem = IdRule.problem(self.user) {
             throw ValidationError("--user \(problem)")
         }
+        for entitlement in self.entitlements {
+            if let problem = IdRule.problem(entitlement) {
+                throw ValidationError("--entitlement \(entitlement.debugDescription): \(problem)")
+            }
+        }
         if let at = self.at, RFC3339.parse(at) == nil {
             throw ValidationError("--at \"\(at)\" is not an RFC 3339 date-time, e.g. 2026-01-31T12:00:00Z")
         }

@@ -19,6 +19,25 @@ struct StripeEventsTests {
         #expect(try plan(F.event("evt_2", "customer.updated", created: F.start, F.customer("cus_1", user: nil))) == .ignore(reason: "customer_without_user"))
     }
 
+    /// The catalog matches a product id as a Swift String, so a decomposed price id finds
+    /// the NFC product; the plan names the decomposed id, which no write accepts: the
+    /// event is refused (400 invalid_id) rather than retried by Stripe for days.
+    @Test("a plan naming an id that is not NFC (user, product, transaction) has an id problem; an NFC plan has none")
+    func idsNotNFC() throws {
+        let catalog: Set<String> = ["prod_\u{E9}t\u{E9}"]
+        func plan(_ event: JSON) throws -> StoreEventPlan {
+            try self.events.plan(try EventJSON(parsing: event.bytes), catalogContains: catalog.contains)
+        }
+        let decomposedProduct = try plan(F.event("evt_1", "invoice.paid", created: F.start, F.invoice("in_1", subscription: "sub_1", customer: "cus_1", user: "u1", price: "prod_e\u{301}te\u{301}", periodStart: F.start, periodEnd: F.start + 30 * F.day, reason: "subscription_create")))
+        #expect(decomposedProduct.idProblem?.hasPrefix("the product id") == true)
+        #expect(decomposedProduct.idProblem?.hasSuffix(IdRuleTexts.notNFC) == true)
+        let composed = try plan(F.event("evt_2", "invoice.paid", created: F.start, F.invoice("in_1", subscription: "sub_1", customer: "cus_1", user: "u1", price: "prod_\u{E9}t\u{E9}", periodStart: F.start, periodEnd: F.start + 30 * F.day, reason: "subscription_create")))
+        #expect(composed.idProblem == nil)
+        let decomposedUser = try plan(F.event("evt_3", "customer.created", created: F.start, F.customer("cus_1", user: "Zoe\u{308}")))
+        #expect(decomposedUser.idProblem?.hasPrefix("the user id") == true)
+        #expect(StoreEventPlan.ignore(reason: "x").idProblem == nil)
+    }
+
     @Test("invoice.paid records the paid period: acacia and basil shapes give the same transaction", arguments: [false, true])
     func invoicePaid(basil: Bool) throws {
         let first = F.invoice("in_1", subscription: "sub_1", customer: "cus_1", user: "u1", periodStart: F.start, periodEnd: F.start + 30 * F.day, reason: "subscription_create", basil: basil)
@@ -158,4 +177,8 @@ struct StripeEventsTests {
             }
         }
     }
+}
+
+enum IdRuleTexts {
+    static let notNFC = "must be in Unicode Normalization Form C (NFC), e.g. U+00E9, not e followed by U+0301; normalize it to NFC"
 }

@@ -48,7 +48,7 @@ struct WriteTests {
     /// byte strings. Before the NFC rule, a check of the decomposed id found the composed
     /// customer's write in the store's overlay (keyed by String) and answered with its
     /// entitlements.
-    @Test("an id that is not NFC is refused by checks, batches, watches and writes; it never reads the NFC customer's answer")
+    @Test("an id that is not NFC is refused by checks, batches, watches and writes; it never reads the NFC customer's answer", .timeLimit(.minutes(1)))
     func idsMustBeNFC() async throws {
         let fixture = try await ServerFixture(writable: true)
         let client = fixture.client()

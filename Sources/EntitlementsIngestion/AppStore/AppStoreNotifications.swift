@@ -130,11 +130,6 @@ public struct AppStoreNotifications: Sendable {
         let identity: StoreIdentity
         let alias = Self.alias(ofOriginalTransaction: original)
         if let token = transaction["appAccountToken"].string, !token.isEmpty {
-            // A UUID when the app sets it through StoreKit; anything else is refused rather
-            // than made a customer id no write could name.
-            if let problem = IdRule.problem(token.lowercased()) {
-                throw IngestionRejection(.invalidId, "\(type): appAccountToken: \(problem)")
-            }
             identity = .accountToken(token.lowercased(), chainAlias: alias)
         } else {
             identity = .storeCustomer(alias)

@@ -41,7 +41,7 @@ public struct StripeEvents: Sendable {
         }
         switch type {
         case "customer.created", "customer.updated":
-            return try self.customer(object)
+            return self.customer(object)
         case "customer.subscription.created", "customer.subscription.updated", "customer.subscription.deleted":
             return try self.subscription(object, type: type, eventDate: eventDate)
         case "invoice.paid":
@@ -57,9 +57,9 @@ public struct StripeEvents: Sendable {
 
     // MARK: Events
 
-    private func customer(_ customer: EventJSON) throws -> StoreEventPlan {
+    private func customer(_ customer: EventJSON) -> StoreEventPlan {
         let id = customer["id"].string!
-        guard let user = try self.user(in: customer["metadata"]) else {
+        guard let user = self.user(in: customer["metadata"]) else {
             return .ignore(reason: "customer_without_user")
         }
         return .apply(identity: .user(user, storeCustomer: Self.alias(ofCustomer: id)), writes: [])
@@ -187,14 +187,9 @@ public struct StripeEvents: Sendable {
 
     // MARK: Fields
 
-    /// The metadata key's user id, nil when absent or empty; one that is not an id
-    /// (``IdRule``: too long, or not NFC) is refused, since no write could name it.
-    private func user(in metadata: EventJSON) throws -> String? {
+    private func user(in metadata: EventJSON) -> String? {
         guard let user = metadata.strings[self.customerKey], !user.isEmpty else {
             return nil
-        }
-        if let problem = IdRule.problem(user) {
-            throw IngestionRejection(.invalidId, "metadata \"\(self.customerKey)\": \(problem)")
         }
         return user
     }
@@ -202,7 +197,7 @@ public struct StripeEvents: Sendable {
     /// The metadata key's user, else the Stripe customer the object names.
     private func identity(_ object: EventJSON, metadata: EventJSON, what: String) throws -> StoreIdentity {
         let customer = object["customer"].string ?? object["customer"]["id"].string
-        if let user = try self.user(in: metadata) {
+        if let user = self.user(in: metadata) {
             return .user(user, storeCustomer: customer.map(Self.alias(ofCustomer:)))
         }
         guard let customer else {

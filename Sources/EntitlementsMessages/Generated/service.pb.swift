@@ -31,7 +31,7 @@ public enum ServingStatus: Int32, Sendable, Hashable, CaseIterable {
 
 /// Method 1. What may this user use at an instant?
 public struct CheckEntitlementsRequest: Sendable, Hashable {
-    /// A customer id or an alias; 1 to 256 bytes of UTF-8.
+    /// A customer id or an alias; 1 to 256 bytes of UTF-8, in Unicode NFC.
     public var userId: String? = nil
     /// Only these entitlements; empty means all of the customer's entitlements.
     public var entitlementIds: [String] = []

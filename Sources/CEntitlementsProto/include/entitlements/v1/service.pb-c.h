@@ -82,7 +82,7 @@ struct  Entitlements__V1__CheckEntitlementsRequest
 {
   ProtobufCMessage base;
   /*
-   * A customer id or an alias; 1 to 256 bytes of UTF-8.
+   * A customer id or an alias; 1 to 256 bytes of UTF-8, in Unicode NFC.
    */
   char *user_id;
   /*

@@ -407,7 +407,7 @@ public final class CustomerStore: Sendable {
                 guard state.snapshot === snapshot else {
                     return nil  // compacted meanwhile: look again
                 }
-                if let entry = state.committed.customers[id] {
+                if let entry = state.committed.customers[ExactId(id)] {
                     return (entry.record, state.committedSequence)
                 }
                 return (record, state.committedSequence)
@@ -426,7 +426,7 @@ public final class CustomerStore: Sendable {
             guard sequence >= (state.snapshot.header.lastLogSequence ?? 0) else {
                 return nil
             }
-            return state.committed.customers.compactMap { $0.value.sequence > sequence ? $0.key : nil }
+            return state.committed.customers.compactMap { $0.value.sequence > sequence ? $0.key.string : nil }
         }
     }
 
@@ -435,7 +435,7 @@ public final class CustomerStore: Sendable {
     /// snapshot does not say which customer each folded write touched).
     public func lastChange(of customerId: String) -> UInt64 {
         self.state.withLock { state in
-            state.committed.customers[customerId]?.sequence ?? (state.snapshot.header.lastLogSequence ?? 0)
+            state.committed.customers[ExactId(customerId)]?.sequence ?? (state.snapshot.header.lastLogSequence ?? 0)
         }
     }
 
@@ -721,9 +721,9 @@ public final class CustomerStore: Sendable {
                 fleetEpoch: old.header.fleetEpoch,
                 fleetCommittedDate: committedDate
             )
-            var replaced = Set<String>()
+            var replaced = Set<ExactId>()
             try old.forEachRecord { record, _ in
-                guard let id = record.id else { return }
+                guard let id = record.id.map(ExactId.init) else { return }
                 if let entry = overlay.customers[id] {
                     replaced.insert(id)
                     if let current = entry.record {
@@ -851,20 +851,21 @@ struct Overlay: Sendable {
         case notWritten
     }
 
-    var customers: [String: CustomerEntry] = [:]
-    var aliases: [String: AliasEntry] = [:]
+    /// Keyed by bytes (``ExactId``), as the snapshot is.
+    var customers: [ExactId: CustomerEntry] = [:]
+    var aliases: [ExactId: AliasEntry] = [:]
 
     func find(_ userId: String) -> Found {
-        let entry = self.customers[userId]
+        let entry = self.customers[ExactId(userId)]
         if let entry, entry.record != nil {
             return .record(entry.record)
         }
         // A deleted customer's id may since have become another customer's alias.
-        if let alias = self.aliases[userId] {
+        if let alias = self.aliases[ExactId(userId)] {
             guard let owner = alias.owner else {
                 return .record(nil)
             }
-            if let entry = self.customers[owner] {
+            if let entry = self.customers[ExactId(owner)] {
                 return .record(entry.record)
             }
             return .snapshotId(owner)
@@ -886,7 +887,7 @@ struct Overlay: Sendable {
             guard let record = try snapshot.customer(for: userId), let id = record.id else {
                 return nil
             }
-            if let entry = self.customers[id] {
+            if let entry = self.customers[ExactId(id)] {
                 return entry.record
             }
             return record
@@ -895,10 +896,10 @@ struct Overlay: Sendable {
 
     mutating func apply(_ effect: WriteEffect, sequence: UInt64) {
         for (id, record) in effect.records {
-            self.customers[id] = CustomerEntry(record: record, sequence: sequence)
+            self.customers[ExactId(id)] = CustomerEntry(record: record, sequence: sequence)
         }
         for (alias, owner) in effect.aliases {
-            self.aliases[alias] = AliasEntry(owner: owner, sequence: sequence)
+            self.aliases[ExactId(alias)] = AliasEntry(owner: owner, sequence: sequence)
         }
     }
 

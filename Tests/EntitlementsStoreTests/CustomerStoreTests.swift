@@ -344,6 +344,44 @@ struct CustomerStoreTests {
         store.close()
     }
 
+    /// A log written before the NFC rule may name "Zoe\u{308}"; a write of "Zo\u{EB}" (its
+    /// NFC spelling, one Swift String with it) is another customer. Before the overlay was
+    /// keyed by bytes, the write found and changed the old record, and compaction folded
+    /// the two into one.
+    @Test("a customer logged under an id that is not NFC stays apart from its NFC spelling, through writes, compaction and reopening")
+    func legacyIdsNotNFC() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        let (decomposed, composed) = ("Zoe\u{308}", "Zo\u{EB}")
+        func grants(_ store: CustomerStore, _ id: String) throws -> [String] {
+            let record = try store.customer(for: id)
+            #expect(record?.id.map { Array($0.utf8) } == Array(id.utf8))
+            return record?.grants.compactMap(\.grantId) ?? []
+        }
+        do {
+            let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+            store.close()
+            // What a binary before the rule logged (this one refuses the write itself).
+            let (log, _) = try WriteAheadLog.open(directory: directory + "/" + CustomerStore.logDirectoryName)
+            _ = try await log.append(.grantEntitlement(GrantEntitlementRequest(userId: decomposed, grant: Grant(grantId: "old", entitlementId: "pro", grantedDate: now))), recordedDate: now)
+            log.closeAndWait()
+        }
+        do {
+            let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+            #expect(report.replayedRecords == 1)
+            let written = try await store.write(.grantEntitlement(GrantEntitlementRequest(userId: composed, grant: Grant(grantId: "new", entitlementId: "pro", grantedDate: now))))
+            #expect(written.created && Array(written.customerId.utf8) == Array(composed.utf8))
+            #expect(try grants(store, decomposed) == ["old"] && grants(store, composed) == ["new"])
+            _ = try await store.compact(hotList: [], now: now)
+            #expect(try grants(store, decomposed) == ["old"] && grants(store, composed) == ["new"])
+            store.close()
+        }
+        let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+        #expect(try grants(store, decomposed) == ["old"] && grants(store, composed) == ["new"])
+        store.close()
+    }
+
     @Test("a second server on the same data directory is refused")
     func locked() throws {
         let scratch = try ScratchDirectory()

@@ -326,6 +326,18 @@ struct AppStoreWebhookTests {
         try await fixture.stop()
     }
 
+    @Test("an appAccountToken that is not an id (not NFC) is refused, 400 invalid_id, and nothing is written")
+    func accountTokenNotNFC() async throws {
+        let fixture = try await self.fixture()
+        let a = self.apple
+        let token = "zoe\u{308}-not-a-uuid"
+        let transaction = a.transaction("9600", original: "9600", token: token, purchased: -1)
+        let answer = await fixture.deliverAppStore(try a.notification("SUBSCRIBED", uuid: "n", at: 1, transaction: transaction, renewal: nil))
+        #expect(answer.status == 400 && answer.body.contains(#""reason":"invalid_id""#) && answer.body.contains("appAccountToken"), "\(answer.body)")
+        #expect(try fixture.record("appstore:9600") == nil)
+        try await fixture.stop()
+    }
+
     @Test("without appAccountToken the subscription is found by its original transaction id once an event or LinkAlias linked it; until then 503")
     func identity() async throws {
         let fixture = try await self.fixture()

@@ -258,6 +258,7 @@ public final class EntitlementsServer: Sendable {
             eventLoops: loops,
             store: store,
             cacheBytes: configuration.cacheBytes,
+            cachePolicy: configuration.cachePolicy,
             warmAt: instant ?? WallClock.unixMilliseconds(),
             coldReads: configuration.coldReads
         )

@@ -37,6 +37,7 @@ public final class ServerMetrics: Sendable {
     private let cacheMisses: Counter
     private let cacheEvictions: Counter
     private let cacheExpirations: Counter
+    private let cacheRejections: Counter
     private let cacheBytes: Meter
     private let coldReadsQueued: Meter
     private let coldReads: Counter
@@ -75,6 +76,7 @@ public final class ServerMetrics: Sendable {
         self.cacheMisses = Counter(label: "entitlements_cache_misses_total", factory: factory)
         self.cacheEvictions = Counter(label: "entitlements_cache_evictions_total", factory: factory)
         self.cacheExpirations = Counter(label: "entitlements_cache_expirations_total", factory: factory)
+        self.cacheRejections = Counter(label: "entitlements_cache_rejections_total", factory: factory)
         self.cacheBytes = Meter(label: "entitlements_cache_bytes", factory: factory)
         self.coldReadsQueued = Meter(label: "entitlements_cold_reads_queued", factory: factory)
         self.coldReads = Counter(label: "entitlements_cold_reads_total", factory: factory)
@@ -153,6 +155,7 @@ public final class ServerMetrics: Sendable {
         self.cacheMisses.increment(by: Int64(cache.misses &- previous.misses))
         self.cacheEvictions.increment(by: Int64(cache.evictions &- previous.evictions))
         self.cacheExpirations.increment(by: Int64(cache.expirations &- previous.expirations))
+        self.cacheRejections.increment(by: Int64(cache.rejections &- previous.rejections))
         self.cacheBytes.set(cache.bytes)
         self.cacheEntries.set(cache.entries)
         let header = store.snapshot.header

@@ -1,9 +1,14 @@
 import CEntitlementsShim
 
-/// A least-recently-used cache of answers, bounded by bytes. O(1) lookup, insertion and
-/// eviction: an open-addressing index from key to slot (``SlotIndex``), and a doubly
-/// linked list threaded through an array of slots by index (no per-entry objects, no
-/// reference counting on the list).
+/// A cache of answers, bounded by bytes. O(1) lookup, insertion and eviction: an
+/// open-addressing index from key to slot (``SlotIndex``), and doubly linked recency lists
+/// threaded through an array of slots by index (no per-entry objects, no reference
+/// counting on the lists).
+///
+/// What it keeps when full is its ``Policy``: least recently used (``Policy/lru``), or
+/// Window TinyLFU (``Policy/tinyLFU``, the default), which keeps the answers asked for
+/// most often: under a skewed load it hits more often in the same bytes, and a scan of
+/// customers asked for once cannot flush the popular ones out.
 ///
 /// A value type with no locks: each resolver actor owns one shard (see
 /// ``shardIndex(for:shardCount:)``), so a shard is only ever touched by its owner.
@@ -21,6 +26,9 @@ public struct LRUCache: Sendable {
         public var expirations: UInt64 = 0
         /// Entries removed to make room.
         public var evictions: UInt64 = 0
+        /// Entries that left the window of a ``Policy/tinyLFU`` cache and were not admitted
+        /// to its main part: asked for no more often than the entry they would have evicted.
+        public var rejections: UInt64 = 0
         /// Entries inserted or replaced.
         public var insertions: UInt64 = 0
         /// Entries whose memory ``LRUCache/prefetch(hashes:)`` asked the CPU to load.
@@ -40,6 +48,7 @@ public struct LRUCache: Sendable {
             sum.misses += b.misses
             sum.expirations += b.expirations
             sum.evictions += b.evictions
+            sum.rejections += b.rejections
             sum.insertions += b.insertions
             sum.prefetched += b.prefetched
             sum.bytes += b.bytes
@@ -52,6 +61,41 @@ public struct LRUCache: Sendable {
     /// the list node, and the heap headers of the key's and the answer's storage.
     /// Measured, not guessed: see docs/snapshot-format.md, "Cache memory".
     public static let entryOverhead = 192
+
+    /// Which entries a full cache keeps.
+    public enum Policy: String, Sendable, CaseIterable {
+        /// Least recently used: every new answer is stored, and the entry used longest ago
+        /// makes room for it.
+        case lru
+        /// Window TinyLFU (Einziger, Friedman and Manes, ACM Transactions on Storage, 2017):
+        /// a new answer enters a small least-recently-used window (1% of the budget). When it
+        /// leaves the window it enters the main part only if it was asked for more often
+        /// (``FrequencySketch``) than the main part's least valuable entry, which then makes
+        /// room; else it is dropped. The main part is segmented: an entry asked for again
+        /// moves from probation to the protected segment (80% of the main part), whose
+        /// least recent entries go back to probation.
+        case tinyLFU = "tinylfu"
+    }
+
+    /// The recency list an entry is on.
+    private enum Segment: UInt8 {
+        /// New entries (with ``Policy/lru``: every entry).
+        case window
+        /// The main part's entries not asked for since they entered it: evicted first.
+        case probation
+        /// The main part's entries asked for again.
+        case protected
+    }
+
+    /// One recency list: most recent at `head`.
+    private struct RecencyList {
+        /// Most recently used; -1 when empty.
+        var head: Int32 = -1
+        /// Least recently used; -1 when empty.
+        var tail: Int32 = -1
+        /// What its entries cost.
+        var bytes = 0
+    }
 
     private struct Node {
         var key: CacheKey
@@ -66,6 +110,8 @@ public struct LRUCache: Sendable {
         var hash: UInt32 = 0
         /// The answer's byte count, for ``LRUCache/prefetch(hashes:)``.
         var answerBytes: Int32 = 0
+        /// The list the entry is on.
+        var segment: Segment = .window
     }
 
     /// Where in an entry the reference to its answer's byte storage is.
@@ -76,7 +122,24 @@ public struct LRUCache: Sendable {
 
     /// The most bytes the entries may account for.
     public let budgetBytes: Int
+    /// What the cache keeps when full.
+    public let policy: Policy
     public private(set) var statistics = Statistics()
+
+    /// The most bytes the window may hold before its least recent entries leave it: the
+    /// whole budget with ``Policy/lru`` (nothing else), 1% with ``Policy/tinyLFU``.
+    private let windowBudget: Int
+    /// The most bytes the protected segment may hold before its least recent entries go
+    /// back to probation.
+    private let protectedBudget: Int
+    /// How often keys were asked for; nil with ``Policy/lru``, and until the entries first
+    /// account for half the budget (as Caffeine does): before that nothing is evicted, so
+    /// nothing needs counting, and a cache that holds everything (the hot profiles) never
+    /// pays for it.
+    private var sketch: FrequencySketch?
+    private var window = RecencyList()
+    private var probation = RecencyList()
+    private var protected = RecencyList()
 
     private var slots = SlotIndex()
     private var nodes: [Node] = []
@@ -84,15 +147,29 @@ public struct LRUCache: Sendable {
     /// Each cached customer's first entry; the rest follow through `nextOfCustomer`. Lets
     /// a write remove a customer's entries without scanning the cache.
     private var firstOfCustomer: [String: Int32] = [:]
-    /// Most recently used; -1 when empty.
-    private var head: Int32 = -1
-    /// Least recently used; -1 when empty.
-    private var tail: Int32 = -1
 
-    /// Creates an empty cache that holds at most `budgetBytes` of entries.
-    public init(budgetBytes: Int) {
+    /// Creates an empty cache that holds at most `budgetBytes` of entries, keeping what
+    /// `policy` says when full. A ``Policy/tinyLFU`` cache also has a ``FrequencySketch``,
+    /// outside the budget, from the time its entries first account for half the budget:
+    /// 8 to 16 bytes per entry the full cache would hold (a power of two of 8-byte words).
+    public init(budgetBytes: Int, policy: Policy = .tinyLFU) {
         precondition(budgetBytes >= 0)
         self.budgetBytes = budgetBytes
+        self.policy = policy
+        switch policy {
+        case .lru:
+            self.windowBudget = budgetBytes
+            self.protectedBudget = 0
+        case .tinyLFU:
+            self.windowBudget = budgetBytes / 100
+            self.protectedBudget = (budgetBytes - self.windowBudget) / 10 * 8
+        }
+    }
+
+    /// Bytes the frequency sketch takes (0 with ``Policy/lru``, and until the cache is half
+    /// full), on top of the budget.
+    public var sketchBytes: Int {
+        self.sketch?.tableBytes ?? 0
     }
 
     /// The shard that owns `customerId` among `shardCount` shards: stable across runs, so
@@ -121,6 +198,9 @@ public struct LRUCache: Sendable {
 
     /// ``answer(for:at:)`` for a key already hashed: `hash` must be ``hash(of:)`` of `key`.
     public mutating func answer(for key: CacheKey, hash: UInt32, at instant: Int64) -> CachedAnswer? {
+        // Hits and misses alike: a miss's answer is usually inserted next, and competes with
+        // what it would evict by how often it was asked for.
+        self.sketch?.record(hash)
         guard let slot = self.slot(of: key, hash: hash) else {
             self.statistics.misses += 1
             return nil
@@ -138,16 +218,17 @@ public struct LRUCache: Sendable {
             return nil
         }
         self.nodes[Int(slot)].lastUsed = max(self.nodes[Int(slot)].lastUsed, instant)
-        self.moveToFront(slot)
+        self.touch(slot)
         self.statistics.hits += 1
         return answer
     }
 
     /// Starts loading, for every key hashed in `hashes` (``hash(of:)``, or
-    /// ``CachePeek/hash``), the memory its lookup will read (the index bucket, the entry,
-    /// the answer's bytes, the links of the entry's neighbours in the recency list, which a
-    /// hit writes), without waiting: a batch calls this before looking its keys up one by
-    /// one, so that their memory misses overlap instead of coming one after another.
+    /// ``CachePeek/hash``), the memory its lookup will read (the frequency sketch's block,
+    /// the index bucket, the entry, the answer's bytes, the links of the entry's neighbours
+    /// in the recency list, which a hit writes), without waiting: a batch calls this before
+    /// looking its keys up one by one, so that their memory misses overlap instead of
+    /// coming one after another.
     /// Changes nothing; a lookup after it answers exactly as without it. Allocates nothing.
     public mutating func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
         guard hashes.count > 1, !self.nodes.isEmpty else {
@@ -155,6 +236,7 @@ public struct LRUCache: Sendable {
         }
         // Each pass reads what the one before it brought in, and starts the next misses.
         for hash in hashes {
+            self.sketch?.prefetch(hash)
             self.slots.prefetch(hash: hash)
         }
         var found = 0
@@ -212,17 +294,21 @@ public struct LRUCache: Sendable {
     /// then the elements.
     private static let arrayHeaderBytes = 32
 
-    /// Stores `answer` for `key` (replacing any entry) as the most recently used, evicting
-    /// the least recently used entries until it fits. Returns false, storing nothing, if
-    /// the entry alone exceeds the budget.
+    /// Stores `answer` for `key` (replacing any entry) as the most recently used, making
+    /// room as the ``policy`` says: with ``Policy/lru`` the least recently used entries are
+    /// evicted; with ``Policy/tinyLFU`` the answer enters the window, and what leaves the
+    /// window stays only if it was asked for more often than what it would evict (so a
+    /// stored answer may leave again at once). Returns false, storing nothing, if the entry
+    /// alone exceeds the budget.
     @discardableResult
     public mutating func insert(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
         self.insert(answer, for: key, at: instant, evicting: true, asLeastRecent: false)
     }
 
     /// Stores `answer` only if it fits without evicting anything, as the least recently
-    /// used entry: warm-up inserts the hot list hottest first this way, so that the cache's
-    /// recency order is the hot list's. Returns whether it was stored.
+    /// used entry (of the main part, with ``Policy/tinyLFU``): warm-up inserts the hot list
+    /// hottest first this way, so that the cache's recency order is the hot list's.
+    /// Returns whether it was stored.
     @discardableResult
     public mutating func insertIfRoom(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
         self.insert(answer, for: key, at: instant, evicting: false, asLeastRecent: true)
@@ -241,34 +327,39 @@ public struct LRUCache: Sendable {
         }
     }
 
-    /// Customer ids from most to least recently used, each once, with the instant of its
-    /// last use: what a new snapshot's hot list is made of.
+    /// Customer ids from most to least valuable to keep, each once, with the instant of its
+    /// last use: what a new snapshot's hot list is made of. That is ``keysByRecency``'s
+    /// order.
     public func recency() -> [(customerId: String, lastUsed: Int64)] {
         var seen = Set<String>()
         var result: [(String, Int64)] = []
-        var slot = self.head
-        while slot >= 0 {
-            let node = self.nodes[Int(slot)]
+        self.forEachByRecency { node in
             if seen.insert(node.key.customerId).inserted {
                 result.append((node.key.customerId, node.lastUsed))
             }
-            slot = node.next
         }
         return result
     }
 
-    /// Keys from most to least recently used.
+    /// Keys from most to least recently used; with ``Policy/tinyLFU`` list by list: the
+    /// protected segment (asked for again), then probation, then the window (new).
     public var keysByRecency: [CacheKey] {
         var keys: [CacheKey] = []
-        var slot = self.head
-        while slot >= 0 {
-            keys.append(self.nodes[Int(slot)].key)
-            slot = self.nodes[Int(slot)].next
-        }
+        self.forEachByRecency { keys.append($0.key) }
         return keys
     }
 
-    // MARK: The list
+    private func forEachByRecency(_ body: (Node) -> Void) {
+        for list in [self.protected, self.probation, self.window] {
+            var slot = list.head
+            while slot >= 0 {
+                body(self.nodes[Int(slot)])
+                slot = self.nodes[Int(slot)].next
+            }
+        }
+    }
+
+    // MARK: The lists
 
     /// The slot holding `key`, whose ``SlotIndex/hash(_:)`` is `hash`.
     private func slot(of key: CacheKey, hash: UInt32) -> Int32? {
@@ -291,10 +382,6 @@ public struct LRUCache: Sendable {
         if let existing {
             self.remove(slot: existing)
         }
-        while !self.hasRoom(for: cost), self.tail >= 0 {
-            self.remove(slot: self.tail)
-            self.statistics.evictions += 1
-        }
         let node = Node(
             key: key, answer: answer, cost: cost, lastUsed: instant, previous: -1, next: -1,
             hash: hash, answerBytes: Int32(clamping: answer.encodedEntitlements.count)
@@ -310,15 +397,105 @@ public struct LRUCache: Sendable {
         self.slots.insert(slot, hash: hash)
         self.nodes[Int(slot)].nextOfCustomer = self.firstOfCustomer[key.customerId] ?? -1
         self.firstOfCustomer[key.customerId] = slot
-        if asLeastRecent {
-            self.linkAtBack(slot)
-        } else {
-            self.linkAtFront(slot)
-        }
         self.statistics.bytes += cost
         self.statistics.entries += 1
         self.statistics.insertions += 1
+        if asLeastRecent {
+            self.linkAtBack(slot, self.policy == .lru ? .window : .probation)
+        } else {
+            self.linkAtFront(slot, .window)
+        }
+        if self.policy == .tinyLFU, self.sketch == nil, self.statistics.bytes >= self.budgetBytes / 2 {
+            // Sized for the entries a full cache of answers like these would hold.
+            self.sketch = FrequencySketch(entries: 2 * self.statistics.entries)
+        }
+        self.makeRoom()
         return true
+    }
+
+    /// Brings the window and then the whole cache back within their budgets.
+    private mutating func makeRoom() {
+        // What leaves the window competes with the main part's next victim: the one asked
+        // for more often stays (a tie keeps the incumbent, as the paper does).
+        while self.policy == .tinyLFU, self.window.bytes > self.windowBudget, self.window.tail >= 0 {
+            let candidate = self.window.tail
+            self.unlink(candidate)
+            self.linkAtFront(candidate, .probation)
+            let frequency = self.frequency(of: candidate)
+            while self.statistics.bytes > self.budgetBytes, let victim = self.mainVictim(sparing: candidate) {
+                guard frequency > self.frequency(of: victim) else {
+                    self.remove(slot: candidate)
+                    self.statistics.rejections += 1
+                    break
+                }
+                self.remove(slot: victim)
+                self.statistics.evictions += 1
+            }
+        }
+        while self.statistics.bytes > self.budgetBytes {
+            let victim = self.mainVictim(sparing: -1) ?? self.window.tail
+            guard victim >= 0 else {
+                break
+            }
+            self.remove(slot: victim)
+            self.statistics.evictions += 1
+        }
+    }
+
+    /// How often the sketch says the entry in `slot` was asked for.
+    private func frequency(of slot: Int32) -> Int {
+        self.sketch?.frequency(self.nodes[Int(slot)].hash) ?? 0
+    }
+
+    /// The main part's least valuable entry other than `spared`: probation's least recent,
+    /// else the protected segment's; nil if there is none.
+    private func mainVictim(sparing spared: Int32) -> Int32? {
+        var victim = self.probation.tail
+        if victim >= 0, victim == spared {
+            victim = self.nodes[Int(victim)].previous
+        }
+        if victim < 0 {
+            victim = self.protected.tail
+        }
+        return victim >= 0 ? victim : nil
+    }
+
+    /// A hit on `slot`: most recent on its list; with ``Policy/tinyLFU`` an entry on
+    /// probation is promoted to the protected segment, whose least recent entries go back
+    /// to probation while it is over its budget.
+    private mutating func touch(_ slot: Int32) {
+        let segment = self.nodes[Int(slot)].segment
+        guard segment == .probation else {
+            if self[segment].head != slot {
+                self.unlink(slot)
+                self.linkAtFront(slot, segment)
+            }
+            return
+        }
+        self.unlink(slot)
+        self.linkAtFront(slot, .protected)
+        while self.protected.bytes > self.protectedBudget, self.protected.tail != slot {
+            let demoted = self.protected.tail
+            self.unlink(demoted)
+            self.linkAtFront(demoted, .probation)
+        }
+    }
+
+    private subscript(segment: Segment) -> RecencyList {
+        get {
+            switch segment {
+            case .window: self.window
+            case .probation: self.probation
+            case .protected: self.protected
+            }
+        }
+        set {
+            switch segment {
+            case .window: self.window = newValue
+            case .probation: self.probation = newValue
+            case .protected: self.protected = newValue
+            }
+        }
     }
 
     private mutating func remove(slot: Int32) {
@@ -353,51 +530,55 @@ public struct LRUCache: Sendable {
         }
     }
 
-    private mutating func moveToFront(_ slot: Int32) {
-        guard self.head != slot else {
-            return
-        }
-        self.unlink(slot)
-        self.linkAtFront(slot)
-    }
-
-    private mutating func linkAtFront(_ slot: Int32) {
+    private mutating func linkAtFront(_ slot: Int32, _ segment: Segment) {
+        var list = self[segment]
+        self.nodes[Int(slot)].segment = segment
         self.nodes[Int(slot)].previous = -1
-        self.nodes[Int(slot)].next = self.head
-        if self.head >= 0 {
-            self.nodes[Int(self.head)].previous = slot
+        self.nodes[Int(slot)].next = list.head
+        if list.head >= 0 {
+            self.nodes[Int(list.head)].previous = slot
         }
-        self.head = slot
-        if self.tail < 0 {
-            self.tail = slot
+        list.head = slot
+        if list.tail < 0 {
+            list.tail = slot
         }
+        list.bytes += self.nodes[Int(slot)].cost
+        self[segment] = list
     }
 
-    private mutating func linkAtBack(_ slot: Int32) {
+    private mutating func linkAtBack(_ slot: Int32, _ segment: Segment) {
+        var list = self[segment]
+        self.nodes[Int(slot)].segment = segment
         self.nodes[Int(slot)].next = -1
-        self.nodes[Int(slot)].previous = self.tail
-        if self.tail >= 0 {
-            self.nodes[Int(self.tail)].next = slot
+        self.nodes[Int(slot)].previous = list.tail
+        if list.tail >= 0 {
+            self.nodes[Int(list.tail)].next = slot
         }
-        self.tail = slot
-        if self.head < 0 {
-            self.head = slot
+        list.tail = slot
+        if list.head < 0 {
+            list.head = slot
         }
+        list.bytes += self.nodes[Int(slot)].cost
+        self[segment] = list
     }
 
     private mutating func unlink(_ slot: Int32) {
+        let segment = self.nodes[Int(slot)].segment
+        var list = self[segment]
         let previous = self.nodes[Int(slot)].previous
         let next = self.nodes[Int(slot)].next
         if previous >= 0 {
             self.nodes[Int(previous)].next = next
         } else {
-            self.head = next
+            list.head = next
         }
         if next >= 0 {
             self.nodes[Int(next)].previous = previous
         } else {
-            self.tail = previous
+            list.tail = previous
         }
+        list.bytes -= self.nodes[Int(slot)].cost
+        self[segment] = list
         self.nodes[Int(slot)].previous = -1
         self.nodes[Int(slot)].next = -1
     }

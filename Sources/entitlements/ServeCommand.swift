@@ -61,7 +61,9 @@ struct ServeCommand: AsyncParsableCommand {
     var resolvers: String?
     @Option(help: "Cache budget, e.g. 64MiB, 1GiB or a number of bytes (default 256MiB).")
     var cacheBytes: String?
-    @Option(help: "Threads that read cache misses off the event loops (default 2); 0 reads them on the loop.")
+    @Option(help: "What a full cache keeps: tinylfu (the answers asked for most often; default) or lru (the most recent).")
+    var cachePolicy: String?
+    @Option(help: "Threads that read cache misses off the event loops (default 8); 0 reads them on the loop.")
     var coldReadThreads: String?
     @Option(help: "Cache misses being read or waiting at once (default 1024); more get RESOURCE_EXHAUSTED.")
     var coldReadQueue: String?
@@ -153,7 +155,7 @@ struct ServeCommand: AsyncParsableCommand {
         var values: [String: String] = [:]
         let options: [(String, String?)] = [
             ("snapshot", self.snapshot), ("data-dir", self.dataDir), ("fsync", self.fsync), ("compact-after", self.compactAfter),
-            ("listen", self.listen), ("unix", self.unix), ("threads", self.threads), ("resolvers", self.resolvers), ("cache-bytes", self.cacheBytes),
+            ("listen", self.listen), ("unix", self.unix), ("threads", self.threads), ("resolvers", self.resolvers), ("cache-bytes", self.cacheBytes), ("cache-policy", self.cachePolicy),
             ("cold-read-threads", self.coldReadThreads), ("cold-read-queue", self.coldReadQueue),
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
             ("max-batch", self.maxBatch), ("max-watches", self.maxWatches), ("watch-buffer", self.watchBuffer),

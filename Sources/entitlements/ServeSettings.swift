@@ -49,6 +49,7 @@ struct ServeSettings {
         Key(name: "threads", defaultValue: "\(System.coreCount)", help: "event loop threads for connections and resolvers; default: CPU cores"),
         Key(name: "resolvers", defaultValue: "\(System.coreCount)", help: "resolver actors (cache shards); default: CPU cores"),
         Key(name: "cache-bytes", defaultValue: "256MiB", help: "cache budget across all resolvers"),
+        Key(name: "cache-policy", defaultValue: "tinylfu", help: "what a full cache keeps: tinylfu (the answers asked for most often) or lru (the most recent)"),
         Key(name: "cold-read-threads", defaultValue: "8", help: "threads that read cache misses off the event loops; 0 reads them on the loop"),
         Key(name: "cold-read-queue", defaultValue: "1024", help: "cache misses read or waiting at once; more are refused with RESOURCE_EXHAUSTED"),
         Key(name: "max-frame-bytes", defaultValue: "1048576", help: "largest request payload"),
@@ -457,6 +458,7 @@ struct ServeSettings {
             maximumStaleness: self.text("postgres") == nil ? nil : try self.duration("max-staleness"),
             stalePolicy: self.text("postgres") == nil ? .open : try self.stalePolicy()
         )
+        configuration.cachePolicy = try self.cachePolicy()
         configuration.coldReads = ColdReadSettings(
             threads: try self.integer("cold-read-threads", in: 0...256),
             queueLimit: try self.integer("cold-read-queue", in: 1...1_000_000)
@@ -467,6 +469,13 @@ struct ServeSettings {
         configuration.unixSocketOwner = owner
         configuration.unixSocketGroup = group
         return configuration
+    }
+
+    func cachePolicy() throws -> LRUCache.Policy {
+        guard let policy = LRUCache.Policy(rawValue: self.text("cache-policy") ?? "") else {
+            throw ValidationError("\(self.origin("cache-policy")) must be tinylfu or lru, got \"\(self.text("cache-policy") ?? "")\"")
+        }
+        return policy
     }
 
     func stalePolicy() throws -> ServerConfiguration.StalePolicy {

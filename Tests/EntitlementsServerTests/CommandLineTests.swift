@@ -151,6 +151,7 @@ struct CommandLineTests {
     @Test("bad flags are refused with a message", arguments: [
         (["serve", "--snapshot", "x", "--listen", "nowhere"], "--listen \"nowhere\" is not HOST:PORT"),
         (["serve", "--snapshot", "x", "--cache-bytes", "lots"], "--cache-bytes \"lots\" is not a size"),
+        (["serve", "--snapshot", "x", "--cache-policy", "lfu"], "--cache-policy must be tinylfu or lru, got \"lfu\""),
         (["serve", "--snapshot", "x", "--cold-read-threads", "many"], "--cold-read-threads must be 0 to 256, got \"many\""),
         (["serve", "--snapshot", "x", "--cold-read-queue", "0"], "--cold-read-queue must be 1 to 1000000, got \"0\""),
         (["check", "--user", "u", "--at", "tomorrow"], "--at \"tomorrow\" is not an RFC 3339 date-time"),

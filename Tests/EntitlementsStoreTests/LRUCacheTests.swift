@@ -20,9 +20,9 @@ struct LRUCacheTests {
     /// The cost of one 100-byte answer for a 2-character id.
     static let unit = LRUCache.cost(of: key("c0"), answer())
 
-    @Test("the least recently used entry is evicted first; a lookup makes an entry recent")
+    @Test("lru: the least recently used entry is evicted first; a lookup makes an entry recent")
     func evictionOrder() {
-        var cache = LRUCache(budgetBytes: 3 * Self.unit)
+        var cache = LRUCache(budgetBytes: 3 * Self.unit, policy: .lru)
         cache.insert(answer(), for: key("c1"), at: now)
         cache.insert(answer(), for: key("c2"), at: now)
         cache.insert(answer(), for: key("c3"), at: now)
@@ -56,16 +56,18 @@ struct LRUCacheTests {
         #expect(cache.statistics.entries == 1)
     }
 
-    @Test("the budget is never exceeded, whatever the sizes")
-    func budgetHolds() {
-        var cache = LRUCache(budgetBytes: 50_000)
+    @Test("the budget is never exceeded, whatever the sizes", arguments: LRUCache.Policy.allCases)
+    func budgetHolds(policy: LRUCache.Policy) {
+        var cache = LRUCache(budgetBytes: 50_000, policy: policy)
         var state: UInt64 = 9
         for index in 0..<5_000 {
             state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
             let size = Int(state >> 33) % 3_000
+            _ = cache.answer(for: key("c\(index % 700)"), at: now)
             cache.insert(answer(size: size), for: key("c\(index % 700)"), at: now)
             #expect(cache.statistics.bytes <= 50_000)
         }
+        #expect(cache.statistics.evictions + cache.statistics.rejections > 0)
         #expect(cache.statistics.entries == cache.keysByRecency.count)
     }
 
@@ -176,11 +178,11 @@ struct LRUCacheTests {
         }
     }
 
-    @Test("against a plain model: random inserts, lookups, replacements and removals agree, eviction order included")
+    @Test("lru against a plain model: random inserts, lookups, replacements and removals agree, eviction order included")
     func modelCheck() {
         var generator = SystemRandomNumberGenerator()
         let unit = LRUCache.cost(of: key("user-0000"), answer(size: 100))
-        var cache = LRUCache(budgetBytes: 300 * unit)
+        var cache = LRUCache(budgetBytes: 300 * unit, policy: .lru)
         var order: [CacheKey] = []  // most recent first
         for _ in 0..<20_000 {
             let id = "user-\(String(Int.random(in: 0..<1_000, using: &generator) + 1_000))"
@@ -402,5 +404,172 @@ struct CachePeekTests {
             compared += 1
         }
         #expect(compared > 1_000)
+    }
+}
+
+@Suite("cache policy: Window TinyLFU")
+struct TinyLFUTests {
+    @Test("a scan of customers asked for once does not flush those asked for often (with lru it does)", arguments: LRUCache.Policy.allCases)
+    func scanResistance(policy: LRUCache.Policy) {
+        let unit = LRUCache.cost(of: key("scan-00000"), answer())
+        var cache = LRUCache(budgetBytes: 3_000 * unit, policy: policy)
+        // As the server does: a lookup, and on a miss an insert.
+        func check(_ id: String) {
+            if cache.answer(for: key(id), at: now) == nil {
+                cache.insert(answer(), for: key(id), at: now)
+            }
+        }
+        // Two thirds of the cache: past half full, where the sketch starts counting.
+        for _ in 0..<15 {
+            for index in 0..<2_000 {
+                check("hot-\(index)")
+            }
+        }
+        for index in 0..<5_000 {
+            check("scan-\(index)")
+        }
+        let kept = (0..<2_000).filter { cache.answer(for: key("hot-\($0)"), at: now) != nil }.count
+        switch policy {
+        case .tinyLFU:
+            // Not every one: the sketch is approximate, and a scanned key whose four counters
+            // all collide with hot keys' looks as popular as they are. Those few can displace
+            // the hot keys still on probation (the last ones the window let go).
+            #expect(kept >= 1_980)
+            #expect(cache.statistics.rejections > 0)
+        case .lru:
+            #expect(kept == 0)
+            #expect(cache.statistics.rejections == 0)
+        }
+    }
+
+    @Test("the frequency sketch is made when the entries first account for half the budget, never with lru", arguments: LRUCache.Policy.allCases)
+    func lazySketch(policy: LRUCache.Policy) {
+        let unit = LRUCache.cost(of: key("c00"), answer())
+        var cache = LRUCache(budgetBytes: 100 * unit, policy: policy)
+        for index in 0..<49 {
+            cache.insert(answer(), for: key("c\(index + 10)"), at: now)
+        }
+        #expect(cache.sketchBytes == 0)
+        cache.insert(answer(), for: key("c99"), at: now)
+        #expect(cache.sketchBytes == (policy == .tinyLFU ? 512 * 8 : 0))
+    }
+
+    @Test("against a plain model: random lookups, inserts and removals agree, segments, admissions and eviction order included")
+    func modelCheck() {
+        var generator = SystemRandomNumberGenerator()
+        let unit = LRUCache.cost(of: key("user-0000"), answer(size: 100))
+        let budget = 300 * unit
+        var cache = LRUCache(budgetBytes: budget, policy: .tinyLFU)
+        var model = TinyLFUModel(budget: budget)
+        for _ in 0..<30_000 {
+            // Skewed, so that admission goes both ways: low ids are asked for far more often.
+            let draw = Double.random(in: 0..<1, using: &generator)
+            let id = "user-\(String(Int(draw * draw * 1_000) + 1_000))"
+            let shape = CacheKey(customerId: id, environment: Bool.random(using: &generator) ? .production : .sandbox)
+            switch Int.random(in: 0..<20, using: &generator) {
+            case 0:
+                cache.removeAll(customerId: id)
+                model.removeAll(customerId: id)
+            case 1..<8:
+                // Of several sizes, so that byte budgets, not counts, decide.
+                let size = [40, 100, 100, 260][Int.random(in: 0..<4, using: &generator)]
+                cache.insert(answer(size: size), for: shape, at: now)
+                model.insert(shape, cost: LRUCache.cost(of: shape, answer(size: size)))
+            default:
+                let found = cache.answer(for: shape, at: now) != nil
+                #expect(found == model.lookUp(shape))
+            }
+        }
+        #expect(cache.keysByRecency == model.keysByRecency)
+        #expect(cache.statistics.bytes == model.bytes)
+        #expect(cache.statistics.bytes <= budget)
+        #expect(cache.statistics.evictions == model.evictions && cache.statistics.rejections == model.rejections)
+        #expect(model.rejections > 0 && model.evictions > 0)
+    }
+}
+
+/// Window TinyLFU written plainly, for ``TinyLFUTests/modelCheck()``: three arrays, most
+/// recent first, and a sketch of its own fed the same hashes in the same order as the
+/// cache's (so the frequencies agree; FrequencySketchTests test the sketch itself).
+struct TinyLFUModel {
+    typealias Entry = (key: CacheKey, cost: Int)
+    var window: [Entry] = []
+    var probation: [Entry] = []
+    var protected: [Entry] = []
+    /// Made when the entries first account for half the budget, as the cache makes its own.
+    var sketch: FrequencySketch?
+    let budget: Int
+    let windowBudget: Int
+    let protectedBudget: Int
+    var evictions: UInt64 = 0
+    var rejections: UInt64 = 0
+
+    init(budget: Int) {
+        self.budget = budget
+        self.windowBudget = budget / 100
+        self.protectedBudget = (budget - budget / 100) / 10 * 8
+    }
+
+    static func bytes(_ list: [Entry]) -> Int { list.reduce(0) { $0 + $1.cost } }
+    var bytes: Int { Self.bytes(self.window) + Self.bytes(self.probation) + Self.bytes(self.protected) }
+    var keysByRecency: [CacheKey] { (self.protected + self.probation + self.window).map(\.key) }
+    func frequency(_ key: CacheKey) -> Int { self.sketch?.frequency(LRUCache.hash(of: key)) ?? 0 }
+
+    mutating func lookUp(_ key: CacheKey) -> Bool {
+        self.sketch?.record(LRUCache.hash(of: key))
+        if let index = self.window.firstIndex(where: { $0.key == key }) {
+            self.window.insert(self.window.remove(at: index), at: 0)
+        } else if let index = self.protected.firstIndex(where: { $0.key == key }) {
+            self.protected.insert(self.protected.remove(at: index), at: 0)
+        } else if let index = self.probation.firstIndex(where: { $0.key == key }) {
+            self.protected.insert(self.probation.remove(at: index), at: 0)
+            while Self.bytes(self.protected) > self.protectedBudget, self.protected.last!.key != key {
+                self.probation.insert(self.protected.removeLast(), at: 0)
+            }
+        } else {
+            return false
+        }
+        return true
+    }
+
+    mutating func remove(where matches: (Entry) -> Bool) {
+        self.window.removeAll(where: matches)
+        self.probation.removeAll(where: matches)
+        self.protected.removeAll(where: matches)
+    }
+
+    mutating func removeAll(customerId: String) {
+        self.remove { $0.key.customerId.utf8.elementsEqual(customerId.utf8) }
+    }
+
+    /// The main part's next victim: probation's least recent other than the candidate at
+    /// its front, else the protected segment's least recent.
+    func victim() -> Entry? {
+        self.probation.count > 1 ? self.probation.last : self.protected.last
+    }
+
+    mutating func insert(_ key: CacheKey, cost: Int) {
+        self.remove { $0.key == key }
+        self.window.insert((key, cost), at: 0)
+        if self.sketch == nil, self.bytes >= self.budget / 2 {
+            self.sketch = FrequencySketch(entries: 2 * (self.window.count + self.probation.count + self.protected.count))
+        }
+        while Self.bytes(self.window) > self.windowBudget, let candidate = self.window.popLast() {
+            self.probation.insert(candidate, at: 0)
+            while self.bytes > self.budget, let victim = self.victim() {
+                guard self.frequency(candidate.key) > self.frequency(victim.key) else {
+                    self.probation.removeFirst()
+                    self.rejections += 1
+                    break
+                }
+                self.remove { $0.key == victim.key }
+                self.evictions += 1
+            }
+        }
+        while self.bytes > self.budget {
+            let victim = self.probation.last ?? self.protected.last ?? self.window.last!
+            self.remove { $0.key == victim.key }
+            self.evictions += 1
+        }
     }
 }

@@ -338,20 +338,21 @@ public final class ResolverPool: Sendable {
     /// The threads that read misses, and the bound on their queue.
     let coldReads: ColdReads
 
-    /// Creates `count` resolvers over `store`, each with `cacheBytes / count` of cache,
-    /// and warms their caches from the snapshot's hot list at `instant`. Misses are read as
+    /// Creates `count` resolvers over `store`, each with `cacheBytes / count` of cache
+    /// kept by `cachePolicy`, and warms their caches from the snapshot's hot list at `instant`. Misses are read as
     /// `coldReads` says; call ``shutdown()`` when done if it has threads.
     public init(
         count: Int,
         eventLoops: [any EventLoop],
         store: CustomerStore,
         cacheBytes: Int,
+        cachePolicy: LRUCache.Policy = .tinyLFU,
         warmAt instant: Int64,
         coldReads: ColdReadSettings = .inline
     ) throws {
         precondition(count > 0 && !eventLoops.isEmpty)
         let resolver = EntitlementResolver(catalog: store.catalog)
-        var shards = (0..<count).map { _ in LRUCache(budgetBytes: cacheBytes / count) }
+        var shards = (0..<count).map { _ in LRUCache(budgetBytes: cacheBytes / count, policy: cachePolicy) }
         // Before the server listens: no write can land while the caches warm.
         self.warmup = try CacheWarmer.warm(
             &shards,

@@ -2,7 +2,7 @@
 // (Zipf over every customer, read-through on a miss) and report resident memory and the
 // cost of hits and misses.
 //
-//   StoreProbe SNAPSHOT CACHE_BYTES LOOKUPS [ZIPF_EXPONENT] [SHARDS]
+//   StoreProbe SNAPSHOT CACHE_BYTES LOOKUPS [ZIPF_EXPONENT] [SHARDS] [tinylfu|lru]
 import EntitlementsMessages
 import EntitlementsResolver
 import EntitlementsStore
@@ -77,11 +77,15 @@ struct SplitMix: RandomNumberGenerator {
 
 let arguments = CommandLine.arguments
 guard arguments.count >= 4, let budget = Int(arguments[2]), let lookups = Int(arguments[3]) else {
-    print("usage: StoreProbe SNAPSHOT CACHE_BYTES LOOKUPS [ZIPF_EXPONENT] [SHARDS]")
+    print("usage: StoreProbe SNAPSHOT CACHE_BYTES LOOKUPS [ZIPF_EXPONENT] [SHARDS] [tinylfu|lru]")
     exit(2)
 }
 let exponent = arguments.count > 4 ? Double(arguments[4]) ?? 0.99 : 0.99
 let shardCount = arguments.count > 5 ? Int(arguments[5]) ?? 2 : 2
+guard let policy = LRUCache.Policy(rawValue: arguments.count > 6 ? arguments[6] : "tinylfu") else {
+    print("StoreProbe: the cache policy is tinylfu or lru")
+    exit(2)
+}
 
 let baseline = residentBytes()
 let clock = ContinuousClock()
@@ -92,7 +96,7 @@ let afterOpen = residentBytes()
 let customers = Int(reader.header.recordCount)
 let resolver = EntitlementResolver(catalog: reader.catalog)
 let instant = Int64(Date().timeIntervalSince1970 * 1_000)
-var shards = (0..<shardCount).map { _ in LRUCache(budgetBytes: budget / shardCount) }
+var shards = (0..<shardCount).map { _ in LRUCache(budgetBytes: budget / shardCount, policy: policy) }
 
 start = clock.now
 let warm = try CacheWarmer.warm(&shards, from: reader, resolver: resolver, at: instant)
@@ -132,6 +136,7 @@ let afterServe = residentBytes()
 let bytes = shards.reduce(0) { $0 + $1.statistics.bytes }
 let entries = shards.reduce(0) { $0 + $1.statistics.entries }
 let evictions = shards.reduce(0) { $0 + $1.statistics.evictions }
+let rejections = shards.reduce(0) { $0 + $1.statistics.rejections }
 
 func nanoseconds(_ duration: Duration, _ count: Int) -> String {
     guard count > 0 else { return "-" }
@@ -143,8 +148,8 @@ print("""
     snapshot        \(arguments[1]): \(customers) customers, \(reader.fileSize) bytes
     open            \(openTime)
     warm-up         \(warm.customersCached) customers cached in \(warmTime) (stopped full: \(warm.stoppedFull))
-    lookups         \(lookups), Zipf s=\(exponent), \(shardCount) shards, in \(serveTime)
-    hits / misses   \(hits) / \(misses) (hit rate \(String(format: "%.1f", 100 * Double(hits) / Double(max(1, lookups))))%), \(evictions) evictions
+    lookups         \(lookups), Zipf s=\(exponent), \(shardCount) shards, \(policy.rawValue), in \(serveTime)
+    hits / misses   \(hits) / \(misses) (hit rate \(String(format: "%.1f", 100 * Double(hits) / Double(max(1, lookups))))%), \(evictions) evictions, \(rejections) rejections
     hit cost        \(nanoseconds(hitTime, hits)) (lookup + response assembly)
     miss cost       \(nanoseconds(missTime, misses)) (index + record pread, decode, resolve, encode, insert)
     cache           \(entries) entries, \(mib(bytes)) accounted of \(mib(budget)) budget

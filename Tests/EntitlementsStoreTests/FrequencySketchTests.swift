@@ -1,0 +1,73 @@
+import Testing
+
+@testable import EntitlementsStore
+
+@Suite("frequency sketch")
+struct FrequencySketchTests {
+    /// Distinct, well-spread 32-bit hashes, as the cache's index makes them.
+    static func hashes(_ count: Int, seed: UInt64) -> [UInt32] {
+        var state = seed
+        return (0..<count).map { _ in
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return UInt32(truncatingIfNeeded: state >> 29)
+        }
+    }
+
+    @Test("a key's estimate counts its recordings up to 15, and is 0 for a key never recorded in a sparse sketch")
+    func counts() {
+        var sketch = FrequencySketch(words: 4_096)
+        let keys = Self.hashes(20, seed: 1)
+        for (index, hash) in keys.enumerated() {
+            for _ in 0..<index {
+                sketch.record(hash)
+            }
+        }
+        for (index, hash) in keys.enumerated() {
+            #expect(sketch.frequency(hash) == min(index, 15))
+        }
+        let unseen = Self.hashes(1_000, seed: 2).filter { sketch.frequency($0) > 0 }.count
+        #expect(unseen <= 5)
+    }
+
+    @Test("never an underestimate, however crowded: collisions only raise counters")
+    func neverUnder() {
+        var sketch = FrequencySketch(words: 8)  // one block for 2,000 keys: every counter shared
+        let keys = Self.hashes(2_000, seed: 3)
+        var truth: [UInt32: Int] = [:]
+        // Fewer recordings than the sample size (80), so no halving.
+        for index in 0..<79 {
+            let hash = keys[index * 7 % keys.count]
+            sketch.record(hash)
+            truth[hash, default: 0] += 1
+        }
+        for (hash, count) in truth {
+            #expect(sketch.frequency(hash) >= min(count, 15))
+        }
+    }
+
+    @Test("after sampleSize recordings every counter is halved, so old popularity fades")
+    func aging() {
+        var sketch = FrequencySketch(words: 512)
+        let old = Self.hashes(1, seed: 4)[0]
+        for _ in 0..<12 {
+            sketch.record(old)
+        }
+        #expect(sketch.frequency(old) == 12)
+        // Other keys until just before the halving: 12 of the sample are already spent.
+        let others = Self.hashes(sketch.sampleSize, seed: 5)
+        for hash in others.prefix(sketch.sampleSize - 13) {
+            sketch.record(hash)
+        }
+        #expect(sketch.frequency(old) >= 12)
+        sketch.record(others.last!)
+        #expect(sketch.frequency(old) >= 6 && sketch.frequency(old) < 12)
+    }
+
+    @Test("sized for the cache's entries: a word each, at least 512, a power of two; halved every ten words' worth")
+    func sizing() {
+        #expect(FrequencySketch(entries: 0).tableBytes == 512 * 8)
+        #expect(FrequencySketch(entries: 80_000).tableBytes == 131_072 * 8)
+        #expect(FrequencySketch(entries: 131_072).tableBytes == 131_072 * 8)
+        #expect(FrequencySketch(entries: 80_000).sampleSize == 1_310_720)
+    }
+}

@@ -282,6 +282,7 @@ let package = Package(
                 "EntitlementsFormats",
                 "EntitlementsTools",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: swiftSettings
         ),

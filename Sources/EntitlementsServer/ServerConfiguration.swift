@@ -60,7 +60,7 @@ public struct ServerConfiguration: Sendable {
     /// How cache misses are read: on how many threads of their own, with how long a queue
     /// (docs/architecture.md, "Cold reads").
     public var coldReads = ColdReadSettings()
-    /// What a full cache keeps (docs/architecture.md, "The cache"). Default
+    /// What a full cache keeps (docs/architecture.md, "What a full cache keeps"). Default
     /// ``LRUCache/Policy/tinyLFU``.
     public var cachePolicy: LRUCache.Policy = .tinyLFU
     /// The Unix socket file's owner and group ids; nil keeps the server's.

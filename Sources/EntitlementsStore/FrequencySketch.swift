@@ -5,8 +5,8 @@ import CEntitlementsShim
 ///
 /// A count-min sketch of 4-bit counters (TinyLFU: Einziger, Friedman and Manes, "TinyLFU:
 /// A Highly Efficient Cache Admission Policy", ACM Transactions on Storage, 2017). A key
-/// has four counters, all in one 64-byte block of the table, so that recording it or
-/// estimating it touches one cache line; its estimate is the least of the four (others'
+/// has four counters, all in one 64-byte block of the table, aligned to a cache line, so
+/// that recording it or estimating it touches one cache line; its estimate is the least of the four (others'
 /// collisions only ever raise a counter). Counters stop at 15. After `sampleSize`
 /// recordings every counter is halved, so that what was popular long ago fades and a
 /// newly popular key can win against it.
@@ -14,7 +14,9 @@ import CEntitlementsShim
 /// Keys come in as the cache index's 32-bit hash (``SlotIndex/hash(_:)``, seeded per
 /// process), so a client cannot choose ids that collide in the sketch on purpose.
 struct FrequencySketch {
-    /// 16 counters of 4 bits per word; 8 words (64 bytes) per block.
+    /// 16 counters of 4 bits per word; 8 words (64 bytes) per block. One block more than
+    /// the blocks in use: they start at the first word on a 64-byte boundary
+    /// (``alignedStart(_:)``), wherever the array's storage begins.
     private var table: [UInt64]
     private let blockMask: UInt64
     /// Recordings since the last halving.
@@ -29,7 +31,7 @@ struct FrequencySketch {
         while count < words {
             count <<= 1
         }
-        self.table = [UInt64](repeating: 0, count: count)
+        self.table = [UInt64](repeating: 0, count: count + 8)
         self.blockMask = UInt64(count / 8 - 1)
         self.sampleSize = 10 * count
     }
@@ -41,7 +43,7 @@ struct FrequencySketch {
         self.init(words: min(max(entries, 512), 1 << 24))
     }
 
-    /// Bytes the table takes.
+    /// Bytes the table takes (its spare block for alignment included).
     var tableBytes: Int {
         self.table.count * MemoryLayout<UInt64>.size
     }
@@ -51,6 +53,7 @@ struct FrequencySketch {
         let (block, spread) = self.place(hash)
         var added = false
         self.table.withUnsafeMutableBufferPointer { table in
+            let block = Self.alignedStart(UnsafePointer(table.baseAddress!)) + block
             for row in 0..<4 {
                 let (word, shift) = Self.counter(row, block: block, spread: spread)
                 if (table[word] >> shift) & 0xF < 15 {
@@ -73,6 +76,7 @@ struct FrequencySketch {
     func frequency(_ hash: UInt32) -> Int {
         let (block, spread) = self.place(hash)
         return self.table.withUnsafeBufferPointer { table in
+            let block = Self.alignedStart(table.baseAddress!) + block
             var least: UInt64 = 15
             for row in 0..<4 {
                 let (word, shift) = Self.counter(row, block: block, spread: spread)
@@ -86,8 +90,13 @@ struct FrequencySketch {
     /// that records several keys (``LRUCache/prefetch(hashes:)``).
     func prefetch(_ hash: UInt32) {
         self.table.withUnsafeBufferPointer { table in
-            ent_prefetch(UnsafeRawPointer(table.baseAddress! + self.place(hash).block))
+            ent_prefetch(UnsafeRawPointer(table.baseAddress! + Self.alignedStart(table.baseAddress!) + self.place(hash).block))
         }
+    }
+
+    /// How many words from `base` the first 64-byte boundary is (0 to 7).
+    private static func alignedStart(_ base: UnsafePointer<UInt64>) -> Int {
+        (8 - (Int(bitPattern: base) >> 3) & 7) & 7
     }
 
     /// Every counter halved (rounded down), and the count of additions with them.

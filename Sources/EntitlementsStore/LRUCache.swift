@@ -69,7 +69,7 @@ public struct LRUCache: Sendable {
         case lru
         /// Window TinyLFU (Einziger, Friedman and Manes, ACM Transactions on Storage, 2017):
         /// a new answer enters a small least-recently-used window (1% of the budget). When it
-        /// leaves the window it enters the main part only if it was asked for more often
+        /// leaves the window of a full cache it stays only if it was asked for more often
         /// (``FrequencySketch``) than the main part's least valuable entry, which then makes
         /// room; else it is dropped. The main part is segmented: an entry asked for again
         /// moves from probation to the protected segment (80% of the main part), whose
@@ -127,7 +127,8 @@ public struct LRUCache: Sendable {
     public private(set) var statistics = Statistics()
 
     /// The most bytes the window may hold before its least recent entries leave it: the
-    /// whole budget with ``Policy/lru`` (nothing else), 1% with ``Policy/tinyLFU``.
+    /// whole budget with ``Policy/lru`` (nothing else), 1% with ``Policy/tinyLFU`` (at least
+    /// 4 KiB, or a tenth of a budget under 40 KiB).
     private let windowBudget: Int
     /// The most bytes the protected segment may hold before its least recent entries go
     /// back to probation.
@@ -161,7 +162,9 @@ public struct LRUCache: Sendable {
             self.windowBudget = budgetBytes
             self.protectedBudget = 0
         case .tinyLFU:
-            self.windowBudget = budgetBytes / 100
+            // At least 4 KiB (a few answers), or a tenth of a budget under 40 KiB: a window
+            // smaller than one answer would send every new one straight to the admission test.
+            self.windowBudget = max(budgetBytes / 100, min(budgetBytes / 10, 4_096))
             self.protectedBudget = (budgetBytes - self.windowBudget) / 10 * 8
         }
     }
@@ -327,14 +330,17 @@ public struct LRUCache: Sendable {
         }
     }
 
-    /// Customer ids from most to least valuable to keep, each once, with the instant of its
-    /// last use: what a new snapshot's hot list is made of. That is ``keysByRecency``'s
-    /// order.
+    /// The cached customer ids, each once, with the instant of its last use (the latest of
+    /// its entries'): what a new snapshot's hot list is made of, most recent first
+    /// (``CacheWarmer/hotList(of:limit:)``). In ``keysByRecency``'s order.
     public func recency() -> [(customerId: String, lastUsed: Int64)] {
-        var seen = Set<String>()
-        var result: [(String, Int64)] = []
+        var position: [String: Int] = [:]
+        var result: [(customerId: String, lastUsed: Int64)] = []
         self.forEachByRecency { node in
-            if seen.insert(node.key.customerId).inserted {
+            if let index = position[node.key.customerId] {
+                result[index].lastUsed = max(result[index].lastUsed, node.lastUsed)
+            } else {
+                position[node.key.customerId] = result.count
                 result.append((node.key.customerId, node.lastUsed))
             }
         }
@@ -380,6 +386,9 @@ public struct LRUCache: Sendable {
             }
         }
         if let existing {
+            // The new answer starts over in the window. A key is replaced only when a check
+            // asked about an instant before its cached answer's (the read's answer replaces
+            // it): too rare to carry its segment over.
             self.remove(slot: existing)
         }
         let node = Node(
@@ -406,8 +415,12 @@ public struct LRUCache: Sendable {
             self.linkAtFront(slot, .window)
         }
         if self.policy == .tinyLFU, self.sketch == nil, self.statistics.bytes >= self.budgetBytes / 2 {
-            // Sized for the entries a full cache of answers like these would hold.
-            self.sketch = FrequencySketch(entries: 2 * self.statistics.entries)
+            // Sized for the entries a full cache of answers like these would hold. Each entry
+            // so far was asked for at least once (a warmed one, by the hot list's account):
+            // counted once, it keeps its place against a newcomer asked for once.
+            var sketch = FrequencySketch(entries: 2 * self.statistics.entries)
+            self.forEachByRecency { sketch.record($0.hash) }
+            self.sketch = sketch
         }
         self.makeRoom()
         return true

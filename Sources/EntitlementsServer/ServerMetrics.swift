@@ -9,9 +9,12 @@ import Synchronization
 /// `serve` command backs them with swift-prometheus; with the default factory they cost
 /// next to nothing.
 ///
-/// Per-request metrics: a timer per method, created up front, and a counter per method and
+/// Per-request metrics: a latency histogram per method, created up front and kept here
+/// (``LatencyHistogram``: a read's checks are recorded together; a /metrics endpoint
+/// appends ``emitLatency(into:)`` to the backend's output), and a counter per method and
 /// status, created the first time that pair happens (so /metrics lists what occurred, not
-/// 187 zeros); recording a request is an uncontended lock and a few atomic operations.
+/// 187 zeros); recording a read's answers is two uncontended locks and a few atomic
+/// operations.
 public final class ServerMetrics: Sendable {
     /// Latency histogram buckets, from 10 microseconds: a cache hit is answered in tens.
     public static let latencyBuckets: [Duration] = [
@@ -25,7 +28,7 @@ public final class ServerMetrics: Sendable {
     private static let statusCount = 17
 
     private let requests: Mutex<[[Counter?]]>
-    private let latency: [Timer]
+    private let latency: [LatencyHistogram]
     private let otherRequests: Counter
     let inFlight: Meter
     let connections: Meter
@@ -64,9 +67,7 @@ public final class ServerMetrics: Sendable {
         self.factory = factory
         self.requests = Mutex(Self.methods.map { _ in [Counter?](repeating: nil, count: Self.statusCount) })
         self.otherRequests = Counter(label: "entitlements_requests_total", dimensions: [("method", "unknown"), ("status", "UNIMPLEMENTED")], factory: factory)
-        self.latency = Self.methods.map { method in
-            Timer(label: "entitlements_request_duration_seconds", dimensions: [("method", "\(method)")], factory: factory)
-        }
+        self.latency = Self.methods.map { _ in LatencyHistogram(bounds: Self.latencyBuckets) }
         self.inFlight = Meter(label: "entitlements_requests_in_flight", factory: factory)
         self.connections = Meter(label: "entitlements_connections", factory: factory)
         self.watchers = Meter(label: "entitlements_watch_streams", factory: factory)
@@ -132,9 +133,17 @@ public final class ServerMetrics: Sendable {
             return counter
         }
         counter.increment(by: Int64(count))
-        let nanoseconds = (NIODeadline.now() - start).nanoseconds
-        for _ in 0..<count {
-            self.latency[index].recordNanoseconds(nanoseconds)
+        self.latency[index].record(nanoseconds: (NIODeadline.now() - start).nanoseconds, count: count)
+    }
+
+    /// Appends `entitlements_request_duration_seconds`, a histogram by method, in
+    /// Prometheus' text format: a /metrics endpoint emits its registry, then this. Every
+    /// method has its series from the start, zeros included.
+    public func emitLatency(into buffer: inout [UInt8]) {
+        let name = "entitlements_request_duration_seconds"
+        buffer.append(contentsOf: "# TYPE \(name) histogram\n".utf8)
+        for (method, histogram) in zip(Self.methods, self.latency) {
+            histogram.emit(name: name, labels: "method=\"\(method)\"", into: &buffer)
         }
     }
 

@@ -231,6 +231,7 @@ struct ServeCommand: AsyncParsableCommand {
                         }
                         var bytes: [UInt8] = []
                         registry.emit(into: &bytes)
+                        metrics.emitLatency(into: &bytes)
                         return bytes
                     },
                     group: .singleton,

@@ -50,6 +50,7 @@ struct OperationsTests {
                 await server.refreshMetrics()
                 var bytes: [UInt8] = []
                 registry.emit(into: &bytes)
+                metrics.emitLatency(into: &bytes)
                 return bytes
             },
             group: fixture.group
@@ -76,6 +77,9 @@ struct OperationsTests {
             #"entitlements_requests_total{method="CheckEntitlements",status="INVALID_ARGUMENT"} 1"#,
             #"entitlements_requests_total{method="GrantEntitlement",status="OK"} 1"#,
             #"entitlements_request_duration_seconds_count{method="CheckEntitlements"} 3"#,
+            #"entitlements_request_duration_seconds_bucket{method="CheckEntitlements",le="+Inf"} 3"#,
+            #"entitlements_request_duration_seconds_count{method="WatchEntitlements"} 0"#,
+            "# TYPE entitlements_request_duration_seconds histogram",
             "entitlements_connections 1.0",
             "entitlements_requests_in_flight 0.0",
             "entitlements_log_sequence 1.0",

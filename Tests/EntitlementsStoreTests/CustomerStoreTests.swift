@@ -376,6 +376,9 @@ struct CustomerStoreTests {
             _ = try await store.compact(hotList: [], now: now)
             #expect(try grants(store, decomposed) == ["old"] && grants(store, composed) == ["new"])
             store.close()
+            // Compaction ran on a worker thread that may still hold the store for a moment:
+            // release the directory now, as a server that reopens it does.
+            store.unlock()
         }
         let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: nil)
         #expect(try grants(store, decomposed) == ["old"] && grants(store, composed) == ["new"])
@@ -433,6 +436,9 @@ struct CustomerStoreTests {
                 #expect(try store.isActive("erin-\(index)"))
             }
             store.close()
+            // Compaction ran on a worker thread that may still hold the store for a moment:
+            // release the directory now, as a server that reopens it does.
+            store.unlock()
         }
         let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
         #expect(report.replayedRecords + report.skippedRecords <= 23)
@@ -458,6 +464,9 @@ struct CustomerStoreTests {
             _ = try await store.compact(hotList: [], now: now)
             _ = try await store.write(WriteWorld.purchase("bob", "t2"))
             store.close()
+            // Compaction ran on a worker thread that may still hold the store for a moment:
+            // release the directory now, as a server that reopens it does.
+            store.unlock()
         }
         let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: nil)
         #expect(try store.isActive("alice") && store.isActive("bob"))

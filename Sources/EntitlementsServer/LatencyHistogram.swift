@@ -4,7 +4,8 @@ import Synchronization
 /// answered within one read share one clock reading (``ServerMetrics/answered(_:_:count:since:)``),
 /// so a read of 16 pipelined checks records 16 of one duration with one lock and one bucket
 /// search. swift-prometheus's histogram takes one observation per call, each its lock and a
-/// walk of every bucket: 4% of the server's CPU at 50 connections x 16 (benchmarks/README.md).
+/// walk of every bucket: 4 to 5% of the server's CPU at 50 connections x 16
+/// (benchmarks/README.md).
 ///
 /// Emitted in Prometheus' text format as swift-prometheus emits its own histograms (the
 /// same `le` spelling), so dashboards see no difference.
@@ -12,7 +13,9 @@ final class LatencyHistogram: Sendable {
     private struct State {
         /// Observations per bucket, not cumulative; the last is above every bound (+Inf).
         var counts: [Int]
-        var sumNanoseconds: Int64 = 0
+        /// A `Duration` (128 bits), as swift-prometheus keeps its sum: nanoseconds in an
+        /// Int64 would wrap after a few months of a busy server's latencies.
+        var sum = Duration.zero
         var count = 0
     }
 
@@ -22,6 +25,7 @@ final class LatencyHistogram: Sendable {
 
     /// A histogram with the given upper bounds (inclusive), ascending.
     init(bounds: [Duration]) {
+        precondition(zip(bounds, bounds.dropFirst()).allSatisfy { $0 < $1 }, "histogram bounds must ascend")
         self.bounds = bounds.map { Self.nanoseconds($0) }
         self.state = Mutex(State(counts: [Int](repeating: 0, count: bounds.count + 1)))
     }
@@ -45,7 +49,7 @@ final class LatencyHistogram: Sendable {
         }
         self.state.withLock { state in
             state.counts[low] += count
-            state.sumNanoseconds &+= nanoseconds &* Int64(count)
+            state.sum += .nanoseconds(nanoseconds) * count
             state.count += count
         }
     }
@@ -57,19 +61,19 @@ final class LatencyHistogram: Sendable {
         var cumulative = 0
         for (index, bound) in self.bounds.enumerated() {
             cumulative += state.counts[index]
-            buffer.append(contentsOf: "\(name)_bucket{\(labels),le=\"\(Self.seconds(bound))\"} \(cumulative)\n".utf8)
+            buffer.append(contentsOf: "\(name)_bucket{\(labels),le=\"\(Self.seconds(.nanoseconds(bound)))\"} \(cumulative)\n".utf8)
         }
         buffer.append(contentsOf: "\(name)_bucket{\(labels),le=\"+Inf\"} \(state.count)\n".utf8)
-        buffer.append(contentsOf: "\(name)_sum{\(labels)} \(Self.seconds(state.sumNanoseconds))\n".utf8)
+        buffer.append(contentsOf: "\(name)_sum{\(labels)} \(Self.seconds(state.sum))\n".utf8)
         buffer.append(contentsOf: "\(name)_count{\(labels)} \(state.count)\n".utf8)
     }
 
-    /// `nanoseconds` as seconds with as many decimals as needed, at least one (`0.00001`,
-    /// `2.5`, `1.0`): swift-prometheus's spelling of a `Duration`.
-    static func seconds(_ nanoseconds: Int64) -> String {
-        let whole = nanoseconds / 1_000_000_000
-        var fraction = String(nanoseconds % 1_000_000_000)
-        fraction = String(repeating: "0", count: 9 - fraction.count) + fraction
+    /// A duration of whole nanoseconds, not negative, as seconds with as many decimals as
+    /// needed, at least one (`0.00001`, `2.5`, `1.0`): swift-prometheus's spelling.
+    static func seconds(_ duration: Duration) -> String {
+        let (whole, attoseconds) = duration.components
+        var fraction = String(max(0, attoseconds) / 1_000_000_000)
+        fraction = String(repeating: "0", count: max(0, 9 - fraction.count)) + fraction
         while fraction.count > 1, fraction.hasSuffix("0") {
             fraction.removeLast()
         }

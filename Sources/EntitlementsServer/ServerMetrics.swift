@@ -5,16 +5,16 @@ import Metrics
 public import NIOCore
 import Synchronization
 
-/// The server's metrics (docs/operations.md, "Metrics"), through swift-metrics: the
+/// The server's metrics (docs/operations.md, "Metrics"), through swift-metrics (the
 /// `serve` command backs them with swift-prometheus; with the default factory they cost
-/// next to nothing.
+/// next to nothing), except the request latency histogram, kept here and emitted by
+/// ``emitLatency(into:)``.
 ///
 /// Per-request metrics: a latency histogram per method, created up front and kept here
 /// (``LatencyHistogram``: a read's checks are recorded together; a /metrics endpoint
 /// appends ``emitLatency(into:)`` to the backend's output), and a counter per method and
 /// status, created the first time that pair happens (so /metrics lists what occurred, not
-/// 187 zeros); recording a read's answers is two uncontended locks and a few atomic
-/// operations.
+/// 187 zeros); recording a read's answers is two locks and a few atomic operations.
 public final class ServerMetrics: Sendable {
     /// Latency histogram buckets, from 10 microseconds: a cache hit is answered in tens.
     public static let latencyBuckets: [Duration] = [

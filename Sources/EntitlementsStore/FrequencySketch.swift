@@ -15,9 +15,10 @@ import CEntitlementsShim
 /// process), so a client cannot choose ids that collide in the sketch on purpose.
 struct FrequencySketch {
     /// 16 counters of 4 bits per word; 8 words (64 bytes) per block. One block more than
-    /// the blocks in use: they start at the first word on a 64-byte boundary
-    /// (``alignedStart(_:)``), wherever the array's storage begins.
+    /// the blocks in use: they start at word `start`, the first on a 64-byte boundary when
+    /// the table was made (fixed then: a copy of the table elsewhere is only misaligned).
     private var table: [UInt64]
+    private let start: Int
     private let blockMask: UInt64
     /// Recordings since the last halving.
     private var additions = 0
@@ -32,6 +33,9 @@ struct FrequencySketch {
             count <<= 1
         }
         self.table = [UInt64](repeating: 0, count: count + 8)
+        self.start = self.table.withUnsafeBufferPointer { table in
+            (8 - (Int(bitPattern: table.baseAddress!) >> 3) & 7) & 7
+        }
         self.blockMask = UInt64(count / 8 - 1)
         self.sampleSize = 10 * count
     }
@@ -53,7 +57,7 @@ struct FrequencySketch {
         let (block, spread) = self.place(hash)
         var added = false
         self.table.withUnsafeMutableBufferPointer { table in
-            let block = Self.alignedStart(UnsafePointer(table.baseAddress!)) + block
+            let block = self.start + block
             for row in 0..<4 {
                 let (word, shift) = Self.counter(row, block: block, spread: spread)
                 if (table[word] >> shift) & 0xF < 15 {
@@ -76,7 +80,7 @@ struct FrequencySketch {
     func frequency(_ hash: UInt32) -> Int {
         let (block, spread) = self.place(hash)
         return self.table.withUnsafeBufferPointer { table in
-            let block = Self.alignedStart(table.baseAddress!) + block
+            let block = self.start + block
             var least: UInt64 = 15
             for row in 0..<4 {
                 let (word, shift) = Self.counter(row, block: block, spread: spread)
@@ -90,13 +94,8 @@ struct FrequencySketch {
     /// that records several keys (``LRUCache/prefetch(hashes:)``).
     func prefetch(_ hash: UInt32) {
         self.table.withUnsafeBufferPointer { table in
-            ent_prefetch(UnsafeRawPointer(table.baseAddress! + Self.alignedStart(table.baseAddress!) + self.place(hash).block))
+            ent_prefetch(UnsafeRawPointer(table.baseAddress! + self.start + self.place(hash).block))
         }
-    }
-
-    /// How many words from `base` the first 64-byte boundary is (0 to 7).
-    private static func alignedStart(_ base: UnsafePointer<UInt64>) -> Int {
-        (8 - (Int(bitPattern: base) >> 3) & 7) & 7
     }
 
     /// Every counter halved (rounded down), and the count of additions with them.

@@ -68,7 +68,8 @@ public struct LRUCache: Sendable {
         /// makes room for it.
         case lru
         /// Window TinyLFU (Einziger, Friedman and Manes, ACM Transactions on Storage, 2017):
-        /// a new answer enters a small least-recently-used window (1% of the budget). When it
+        /// a new answer enters a small least-recently-used window (1% of the budget, at least
+        /// 4 KiB). When it
         /// leaves the window of a full cache it stays only if it was asked for more often
         /// (``FrequencySketch``) than the main part's least valuable entry, which then makes
         /// room; else it is dropped. The main part is segmented: an entry asked for again
@@ -411,6 +412,9 @@ public struct LRUCache: Sendable {
         self.statistics.insertions += 1
         if asLeastRecent {
             self.linkAtBack(slot, self.policy == .lru ? .window : .probation)
+            // A warmed entry counts as asked for once, as those warmed before the sketch was
+            // made do (below): a newcomer asked for once ties with it and does not displace it.
+            self.sketch?.record(hash)
         } else {
             self.linkAtFront(slot, .window)
         }

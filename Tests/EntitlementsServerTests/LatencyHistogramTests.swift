@@ -35,10 +35,22 @@ struct LatencyHistogramTests {
         #expect(Self.series(emitted, "latency").contains(#"latency_count{method="Check"} 52"#))
     }
 
+    @Test("the sum does not wrap where nanoseconds in 64 bits would (a year of 1,000 checks in flight)")
+    func largeSum() {
+        let histogram = LatencyHistogram(bounds: ServerMetrics.latencyBuckets)
+        // 3.2e16 ns at a time, 1,000 times: 3.2e19 ns, past Int64's 9.2e18.
+        for _ in 0..<1_000 {
+            histogram.record(nanoseconds: 32_000_000_000_000_000, count: 1)
+        }
+        var emitted: [UInt8] = []
+        histogram.emit(name: "latency", labels: #"method="Check""#, into: &emitted)
+        #expect(Self.series(emitted, "latency").contains(#"latency_sum{method="Check"} 32000000000.0"#))
+    }
+
     @Test("seconds are spelled as swift-prometheus spells a Duration")
     func spelling() {
         for (nanoseconds, text) in [(Int64(10_000), "0.00001"), (2_500_000, "0.0025"), (1_000_000_000, "1.0"), (0, "0.0"), (2_500_000_000, "2.5"), (123, "0.000000123")] {
-            #expect(LatencyHistogram.seconds(nanoseconds) == text)
+            #expect(LatencyHistogram.seconds(.nanoseconds(nanoseconds)) == text)
             #expect(Duration.nanoseconds(nanoseconds).bucketRepresentation == text)
         }
     }

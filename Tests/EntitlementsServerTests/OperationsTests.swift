@@ -90,6 +90,8 @@ struct OperationsTests {
             #expect(lines.contains(expected), "missing \(expected)")
         }
         #expect(lines.contains { $0.hasPrefix(#"entitlements_request_duration_seconds_bucket{method="CheckEntitlements",le="0.00001"}"#) })
+        // One histogram of that name: no swift-metrics Timer emits it as well.
+        #expect(scrape.body.components(separatedBy: "# TYPE entitlements_request_duration_seconds ").count == 2)
         #expect(lines.contains { $0.hasPrefix("entitlements_cache_hits_total ") && !$0.hasSuffix(" 0") })
         #expect(lines.contains { $0.hasPrefix("entitlements_snapshot_info{snapshot_id=") })
         await client.close()

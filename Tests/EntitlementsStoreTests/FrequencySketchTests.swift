@@ -67,6 +67,23 @@ struct FrequencySketchTests {
         #expect(sketch.frequency(old) >= 6 && sketch.frequency(old) < 12)
     }
 
+    @Test("a copy counts on its own and keeps the original's counts (its blocks' start is fixed, not recomputed from where its copy lives)")
+    func copies() {
+        var original = FrequencySketch(words: 512)
+        let keys = Self.hashes(100, seed: 6)
+        for (index, hash) in keys.enumerated() {
+            for _ in 0..<(index % 7) {
+                original.record(hash)
+            }
+        }
+        let counts = keys.map(original.frequency)
+        var copy = original
+        copy.record(keys[0])  // the copy gets storage of its own here
+        #expect(keys.map(original.frequency) == counts)
+        #expect(keys.dropFirst().map(copy.frequency) == Array(counts.dropFirst()))
+        #expect(copy.frequency(keys[0]) == counts[0] + 1)
+    }
+
     @Test("sized for the cache's entries: a word each, at least 512, a power of two; halved every ten words' worth")
     func sizing() {
         // One block more, for alignment to a cache line.

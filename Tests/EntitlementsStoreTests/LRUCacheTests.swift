@@ -456,6 +456,26 @@ struct TinyLFUTests {
         #expect(cache.sketchBytes == (policy == .tinyLFU ? (512 + 8) * 8 : 0))
     }
 
+    @Test("after a warm-up to the full budget, newcomers asked for once displace no warmed entry")
+    func warmedEntriesHold() {
+        let unit = LRUCache.cost(of: key("warm-000"), answer())
+        var cache = LRUCache(budgetBytes: 400 * unit, policy: .tinyLFU)
+        var warmed = 0
+        while cache.insertIfRoom(answer(), for: key("warm-\(String(warmed + 100))"), at: now) {
+            warmed += 1
+        }
+        #expect(warmed == 400)
+        for index in 0..<200 {
+            let newcomer = key("new-\(String(index + 100))")
+            #expect(cache.answer(for: newcomer, at: now) == nil)
+            cache.insert(answer(), for: newcomer, at: now)
+        }
+        // Every newcomer lost its tie with a warmed entry once it left the window.
+        let kept = (0..<400).filter { cache.answer(for: key("warm-\(String($0 + 100))"), at: now) != nil }.count
+        #expect(kept == 400 - cache.statistics.evictions)
+        #expect(cache.statistics.evictions <= 20 && cache.statistics.rejections >= 180)
+    }
+
     @Test("the hot list takes each customer's latest use, whichever list its entries are on")
     func hotListLatestUse() {
         let unit = LRUCache.cost(of: key("c00"), answer())
@@ -582,7 +602,7 @@ struct TinyLFUModel {
             return
         }
         var sketch = FrequencySketch(entries: 2 * (self.window.count + self.probation.count + self.protected.count))
-        for entry in self.window + self.probation + self.protected {
+        for entry in self.protected + self.probation + self.window {
             sketch.record(LRUCache.hash(of: entry.key))
         }
         self.sketch = sketch
@@ -596,6 +616,7 @@ struct TinyLFUModel {
         }
         self.remove { $0.key == key }
         self.probation.append((key, cost))
+        self.sketch?.record(LRUCache.hash(of: key))
         self.makeSketchIfHalfFull()
         return true
     }

@@ -6,8 +6,8 @@ import CEntitlementsShim
 /// A count-min sketch of 4-bit counters (TinyLFU: Einziger, Friedman and Manes, "TinyLFU:
 /// A Highly Efficient Cache Admission Policy", ACM Transactions on Storage, 2017). A key
 /// has four counters, all in one 64-byte block of the table, aligned to a cache line, so
-/// that recording it or estimating it touches one cache line; its estimate is the least of the four (others'
-/// collisions only ever raise a counter). Counters stop at 15. After `sampleSize`
+/// that recording it or estimating it touches one cache line; its estimate is the least of
+/// the four (others' collisions only ever raise a counter). Counters stop at 15. After `sampleSize`
 /// recordings every counter is halved, so that what was popular long ago fades and a
 /// newly popular key can win against it.
 ///

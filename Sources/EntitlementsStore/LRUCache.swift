@@ -69,8 +69,8 @@ public struct LRUCache: Sendable {
         case lru
         /// Window TinyLFU (Einziger, Friedman and Manes, ACM Transactions on Storage, 2017):
         /// a new answer enters a small least-recently-used window (1% of the budget, at least
-        /// 4 KiB). When it
-        /// leaves the window of a full cache it stays only if it was asked for more often
+        /// 4 KiB). When it leaves the window of a full cache it stays only if it was asked
+        /// for more often
         /// (``FrequencySketch``) than the main part's least valuable entry, which then makes
         /// room; else it is dropped. The main part is segmented: an entry asked for again
         /// moves from probation to the protected segment (80% of the main part), whose

@@ -208,10 +208,10 @@ struct ServeCommand: AsyncParsableCommand {
         let logger = Logger(label: "entitlements")
         let readiness = Readiness()
 
-        // Metrics: swift-metrics backed by a Prometheus registry, buckets from 10 µs.
+        // Metrics: swift-metrics backed by a Prometheus registry; the request latency
+        // histogram is ServerMetrics' own, appended to /metrics below.
         let registry = PrometheusCollectorRegistry()
-        var factory = PrometheusMetricsFactory(registry: registry)
-        factory.defaultDurationHistogramBuckets = ServerMetrics.latencyBuckets
+        let factory = PrometheusMetricsFactory(registry: registry)
         let metrics = ServerMetrics(factory: factory)
         let running = RunningServer(configuration: configuration)
         let fleetMetrics = FleetMetrics(factory: factory)

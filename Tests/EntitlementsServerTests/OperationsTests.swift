@@ -38,8 +38,7 @@ struct OperationsTests {
     @Test("/healthz, /readyz and /metrics: requests by method and status, latency from 10 µs, cache, snapshot, connections")
     func adminEndpoints() async throws {
         let registry = PrometheusCollectorRegistry()
-        var factory = PrometheusMetricsFactory(registry: registry)
-        factory.defaultDurationHistogramBuckets = ServerMetrics.latencyBuckets
+        let factory = PrometheusMetricsFactory(registry: registry)
         let metrics = ServerMetrics(factory: factory)
         let fixture = try await ServerFixture(writable: true, metrics: metrics)
         let server = fixture.server

@@ -339,8 +339,9 @@ public final class ResolverPool: Sendable {
     let coldReads: ColdReads
 
     /// Creates `count` resolvers over `store`, each with `cacheBytes / count` of cache
-    /// kept by `cachePolicy`, and warms their caches from the snapshot's hot list at `instant`. Misses are read as
-    /// `coldReads` says; call ``shutdown()`` when done if it has threads.
+    /// kept by `cachePolicy`, and warms their caches from the snapshot's hot list at
+    /// `instant`. Misses are read as `coldReads` says; call ``shutdown()`` when done if it
+    /// has threads.
     public init(
         count: Int,
         eventLoops: [any EventLoop],

@@ -125,6 +125,7 @@ let package = Package(
             name: "EntitlementsServer",
             dependencies: [
                 "EntitlementsSecurity",
+                "EntitlementsFormats",
                 "EntitlementsMessages",
                 "EntitlementsWire",
                 "EntitlementsResolver",

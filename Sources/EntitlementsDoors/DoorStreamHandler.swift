@@ -54,10 +54,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// A watch (or health watch) is running: its end is not an answer to count (the framed
     /// listener counts only refused watches).
     private var streaming = false
+    /// The call went to the router, which counts it (and its in-flight time) itself.
+    private var routed = false
     private var body = ByteBuffer()
     private var start = NIODeadline.now()
     private var deadline: NIODeadline?
-    private var deadlineTimer: Scheduled<Void>?
     /// Closed when the stream goes (reset by the client, or the connection closed).
     private let scope: ConnectionScope
     /// What this call may do: the connection's certificate and the call's bearer token.
@@ -66,7 +67,6 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private var healthTimer: RepeatedTask?
     private var lastHealth: HealthCheckServingStatus?
     private var sentHeaders = false
-    private var inFlight = false
 
     init(connection: DoorConnection) {
         self.connection = connection
@@ -93,17 +93,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// more is written.
     private func ended() {
         self.state = .done
-        self.scope.close()
-        self.deadlineTimer?.cancel()
-        self.deadlineTimer = nil
+        self.scope.close()  // a routed call still being worked on counts as CANCELLED
         self.healthTimer?.cancel()
         self.healthTimer = nil
         self.watch?.abandon()
         self.watch = nil
-        if self.inFlight {
-            self.inFlight = false
-            self.methods.recordInFlight(-1)
-        }
         self.connection.closed(self)
     }
 
@@ -143,8 +137,8 @@ final class DoorStreamHandler: ChannelInboundHandler {
                 self.requestComplete()
             }
         case .rstStream:
-            if self.state == .receiving || self.state == .answering, !self.streaming {
-                self.methods.recordAnswer(self.metricMethod, .cancelled, since: self.start)  // as a framed CANCEL
+            if self.state == .receiving || self.state == .answering, !self.streaming, !self.routed {
+                self.methods.recordAnswers(self.metricMethod, .cancelled, since: self.start)  // as a framed CANCEL
             }
             self.ended()  // the client cancelled: nothing more is sent
         default:
@@ -214,19 +208,6 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(error.status, error.message)
             return
         }
-        if !self.isStream {
-            // As on the framed listener, a stream is not a call in flight (it never ends on
-            // its own); the watch gauge counts it.
-            self.inFlight = true
-            self.methods.recordInFlight(1)
-        }
-        if let deadline = self.deadline, !self.isStream {
-            self.deadlineTimer = self.context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
-                self.deadlineTimer = nil
-                self.scope.close()
-                self.fail(.deadlineExceeded, "the deadline passed before the answer was ready")
-            }
-        }
         if endStream {
             self.requestComplete()
         }
@@ -277,16 +258,20 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(.unavailable, "the server is shutting down; resubscribe")
             return
         }
-        let context = CallContext(eventLoop: self.context.eventLoop, deadline: self.deadline, scope: self.scope, access: self.access)
-        if let refused = self.methods.authorize(self.metricMethod, context) {
-            self.fail(refused.status, refused.message)
-            return
-        }
+        let context = CallContext(
+            eventLoop: self.context.eventLoop,
+            deadline: self.deadline,
+            scope: self.scope,
+            access: self.access,
+            start: self.start,
+            draining: self.connection.draining
+        )
         if self.kind == .json {
             guard case .method(let method) = self.route else {
                 return
             }
-            self.answer(JSONMethods.call(method, body: self.body, methods: self.methods, context: context, draining: self.connection.draining)) { handler, json in
+            self.routed = true
+            self.answer(self.methods.unary(method, self.body, context, codec: JSONCodec())) { handler, json in
                 handler.respondJSON(.ok, json)
             }
             return
@@ -302,18 +287,25 @@ final class DoorStreamHandler: ChannelInboundHandler {
         case .method(.watchEntitlements):
             self.watch(message, context)
         case .method(let method):
-            self.answer(self.methods.unary(method, request: message, context, draining: self.connection.draining)) { handler, answer in
+            self.routed = true
+            self.answer(self.methods.unary(method, message, context, codec: ProtobufCodec(reservedPrefix: 5))) { handler, answer in
                 handler.respondMessage(answer)
             }
         case .healthCheck:
+            // grpc.health.v1 is this door's own service; it needs the permission Health does.
+            if let refused = self.methods.authorize(.health, context) {
+                self.fail(refused.status, refused.message)
+                return
+            }
             switch self.healthStatus(message) {
             case .success(let status):
-                self.respondMessage(Self.encode(HealthCheckResponse(status: status)))
+                self.sendMessage(Self.encode(HealthCheckResponse(status: status)), flush: false)
+                self.finish(.ok, "")
             case .failure(let error):
                 self.fail(error.status, error.message)
             }
         case .healthWatch:
-            self.healthWatch(message)
+            self.healthWatch(message, context)
         }
     }
 
@@ -403,7 +395,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     /// grpc.health.v1.Health/Watch: the status now, then each change (checked every
     /// second); an unknown service is SERVICE_UNKNOWN, as the protocol says.
-    private func healthWatch(_ message: ByteBuffer) {
+    private func healthWatch(_ message: ByteBuffer, _ context: CallContext) {
+        if let refused = self.methods.authorize(.health, context) {
+            self.fail(refused.status, refused.message)
+            return
+        }
         let status: HealthCheckServingStatus
         switch self.healthStatus(message) {
         case .success(let current): status = current
@@ -480,14 +476,18 @@ final class DoorStreamHandler: ChannelInboundHandler {
         }
     }
 
-    /// A unary call's answer: headers, the message, trailers with OK. An answer over the
-    /// largest message clients accept by default fails instead, as on the framed listener.
-    private func respondMessage(_ message: ByteBuffer) {
-        guard message.readableBytes <= Frame.defaultMaximumPayloadSize else {
-            self.fail(.resourceExhausted, "the answer is \(message.readableBytes) bytes; a message carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)")
+    /// A unary call's answer: headers, the message, trailers with OK. `framed` is the
+    /// message behind the 5 bytes the codec left for its prefix (the router has checked
+    /// its size).
+    private func respondMessage(_ framed: ByteBuffer) {
+        guard let context = self.context else {
             return
         }
-        self.sendMessage(message, flush: false)
+        var framed = framed
+        framed.setInteger(UInt8(0), at: framed.readerIndex)
+        framed.setInteger(UInt32(framed.readableBytes - 5), at: framed.readerIndex + 1)
+        self.responseHeaders()
+        context.write(self.wrapOutboundOut(.data(.init(data: .byteBuffer(framed)))), promise: nil)
         self.finish(.ok, "")
     }
 
@@ -497,16 +497,10 @@ final class DoorStreamHandler: ChannelInboundHandler {
             return
         }
         self.state = .done
-        self.deadlineTimer?.cancel()
-        self.deadlineTimer = nil
         self.healthTimer?.cancel()
         self.healthTimer = nil
-        if !self.streaming {
-            self.methods.recordAnswer(self.metricMethod, status, since: self.start)
-        }
-        if self.inFlight {
-            self.inFlight = false
-            self.methods.recordInFlight(-1)
+        if !self.streaming, !self.routed {
+            self.methods.recordAnswers(self.metricMethod, status, since: self.start)
         }
         var trailers: HPACKHeaders = [:]
         if !self.sentHeaders {
@@ -533,24 +527,15 @@ final class DoorStreamHandler: ChannelInboundHandler {
     }
 
     /// A JSON call's answer (Connect's unary protocol): the HTTP status, the JSON body.
-    private func respondJSON(_ httpStatus: HTTPResponseStatus, _ json: String, status: StatusCode = .ok) {
+    private func respondJSON(_ httpStatus: HTTPResponseStatus, _ json: ByteBuffer, status: StatusCode = .ok) {
         guard let context = self.context, self.state != .done else {
             return
         }
         self.state = .done
-        self.deadlineTimer?.cancel()
-        self.deadlineTimer = nil
-        self.methods.recordAnswer(self.metricMethod, status, since: self.start)
-        if self.inFlight {
-            self.inFlight = false
-            self.methods.recordInFlight(-1)
+        if !self.routed {
+            self.methods.recordAnswers(self.metricMethod, status, since: self.start)
         }
-        var body = ByteBuffer(string: json)
-        var httpStatus = httpStatus
-        if body.readableBytes > Frame.defaultMaximumPayloadSize {
-            httpStatus = .tooManyRequests
-            body = ByteBuffer(string: JSONMethods.errorBody(ServiceError(.resourceExhausted, "the answer is \(body.readableBytes) bytes; an answer carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)")))
-        }
+        let body = json
         let headers: HPACKHeaders = [
             ":status": String(httpStatus.code),
             "content-type": "application/json",

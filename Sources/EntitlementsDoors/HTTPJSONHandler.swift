@@ -24,11 +24,9 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     private var answered = false
     private var readEnd = false
     private var start = NIODeadline.now()
-    private var deadlineTimer: Scheduled<Void>?
     private var idleTimer: Scheduled<Void>?
     /// Set once the handler has left the pipeline: a late answer is dropped.
     private var removed = false
-    private var generation = 0
 
     init(methods: EntitlementMethods, credentials: ConnectionCredentials) {
         self.methods = methods
@@ -43,7 +41,6 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     func handlerRemoved(context: ChannelHandlerContext) {
         self.removed = true
         self.scope.close()
-        self.deadlineTimer?.cancel()
         self.idleTimer?.cancel()
     }
 
@@ -69,15 +66,14 @@ final class HTTPJSONHandler: ChannelInboundHandler {
             self.start = .now()
             self.method = DoorRoutes.method(path: String(head.uri.split(separator: "?", maxSplits: 1).first ?? ""))
             if let problem = self.refusal(head) {
-                self.respond(context: context, problem.http, JSONMethods.errorBody(problem.error), status: problem.error.status)
+                self.refuse(context: context, problem.http, problem.error)
             }
         case .body(var bytes):
             guard !self.answered else {
                 return
             }
             guard self.body.readableBytes + bytes.readableBytes <= self.methods.configuration.maximumPayloadSize else {
-                let error = JSONMethods.tooLarge(limit: self.methods.configuration.maximumPayloadSize)
-                self.respond(context: context, .payloadTooLarge, JSONMethods.errorBody(error), status: error.status, close: true)
+                self.refuse(context: context, .payloadTooLarge, JSONMethods.tooLarge(limit: self.methods.configuration.maximumPayloadSize), close: true)
                 return
             }
             self.body.writeBuffer(&bytes)
@@ -113,46 +109,35 @@ final class HTTPJSONHandler: ChannelInboundHandler {
         return nil
     }
 
+    /// Runs the call through the service's router, which applies every per-call rule.
     private func call(context: ChannelHandlerContext, _ method: MethodID, _ head: HTTPRequestHead) {
         let access: CallerAccess
         switch self.methods.access(self.credentials, authorization: head.headers.first(name: "authorization")) {
         case .success(let granted):
             access = granted
         case .failure(let error):
-            self.respond(context: context, JSONMethods.httpStatus(error.status), JSONMethods.errorBody(error), status: error.status)
+            self.refuse(context: context, JSONMethods.httpStatus(error.status), error)
             return
         }
         // Valid: refusal(_:) checked it.
         let timeout = try? JSONMethods.connectTimeout(head.headers.first(name: "connect-timeout-ms")).get()
-        let deadline = timeout.flatMap { $0 }.map { self.start + $0 }
-        self.generation += 1
-        let generation = self.generation
+        let call = CallContext(
+            eventLoop: context.eventLoop,
+            deadline: timeout.flatMap { $0 }.map { self.start + $0 },
+            scope: self.scope,
+            access: access,
+            start: self.start
+        )
         let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        if let deadline {
-            self.deadlineTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
-                guard self.generation == generation, !self.answered else {
-                    return
-                }
-                let error = ServiceError(.deadlineExceeded, "the deadline passed before the answer was ready")
-                self.respond(context: loopBound.value, .gatewayTimeout, JSONMethods.errorBody(error), status: error.status)
-            }
-        }
-        self.methods.recordInFlight(1)
-        let callContext = CallContext(eventLoop: context.eventLoop, deadline: deadline, scope: self.scope, access: access)
-        let result = JSONMethods.call(method, body: self.body, methods: self.methods, context: callContext, draining: false)
-        let finish: (Result<String, ServiceError>) -> Void = { result in
-            self.methods.recordInFlight(-1)
-            guard self.generation == generation, !self.answered else {
-                return  // timed out meanwhile
-            }
+        let finish: (Result<ByteBuffer, ServiceError>) -> Void = { result in
             switch result {
             case .success(let json):
-                self.respond(context: loopBound.value, .ok, json, status: .ok)
+                self.respond(context: loopBound.value, .ok, json)
             case .failure(let error):
-                self.respond(context: loopBound.value, JSONMethods.httpStatus(error.status), JSONMethods.errorBody(error), status: error.status)
+                self.respond(context: loopBound.value, JSONMethods.httpStatus(error.status), JSONMethods.errorBody(error))
             }
         }
-        switch result {
+        switch self.methods.unary(method, self.body, call, codec: JSONCodec()) {
         case .now(let result):
             finish(result)
         case .later(let future):
@@ -160,15 +145,21 @@ final class HTTPJSONHandler: ChannelInboundHandler {
         }
     }
 
-    private func respond(context: ChannelHandlerContext, _ httpStatus: HTTPResponseStatus, _ json: String, status: StatusCode, close: Bool = false) {
+    /// A request this transport refuses before the router sees it: counted here, since no
+    /// method ran.
+    private func refuse(context: ChannelHandlerContext, _ httpStatus: HTTPResponseStatus, _ error: ServiceError, close: Bool = false) {
+        guard !self.answered, !self.removed else {
+            return
+        }
+        self.methods.recordAnswers(self.method ?? MethodID(rawValue: 0), error.status, since: self.start)
+        self.respond(context: context, httpStatus, JSONMethods.errorBody(error), close: close)
+    }
+
+    private func respond(context: ChannelHandlerContext, _ httpStatus: HTTPResponseStatus, _ body: ByteBuffer, close: Bool = false) {
         guard !self.answered, !self.removed, let head = self.head else {
             return
         }
         self.answered = true
-        self.deadlineTimer?.cancel()
-        self.deadlineTimer = nil
-        self.methods.recordAnswer(self.method ?? MethodID(rawValue: 0), status, since: self.start)
-        let body = ByteBuffer(string: json)
         let keepAlive = head.isKeepAlive && !close
         var headers: HTTPHeaders = [
             "content-type": "application/json",

@@ -24,10 +24,46 @@ enum DoorRoutes {
     }
 }
 
-/// The HTTP/JSON door's unary calls (docs/doors.md): a request in protobuf's JSON mapping
-/// in, the answer in the JSON of the CLI's `--json` out (EntitlementsOutput), an error as
-/// `{"code": "invalid_argument", "message": "..."}` with the HTTP status Connect gives it.
-/// Used by the HTTP/1.1 handler and by HTTP/2 streams whose content-type is JSON.
+/// The HTTP/JSON door's codec (docs/doors.md): a request in protobuf's JSON mapping in, the
+/// answer in the JSON of the CLI's `--json` out (EntitlementsOutput). Used by the HTTP/1.1
+/// handler and by HTTP/2 streams whose content-type is JSON; the rules of a call are the
+/// router's (``EntitlementMethods/unary(_:_:_:codec:)``), as for every transport.
+struct JSONCodec: CallCodec {
+    func decode<Request: ServiceRequest>(_ type: Request.Type, from body: ByteBuffer) throws -> Request {
+        // Health and Compact take no fields: an empty body is their empty message.
+        if body.readableBytes == 0, type == HealthRequest.self || type == CompactRequest.self {
+            return try ProtoJSON.decode(type, from: "{}".utf8)
+        }
+        return try ProtoJSON.decode(type, from: body.readableBytesView)
+    }
+
+    func encode(_ answer: CheckAnswer) throws -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(try answer.response(), pretty: false))
+    }
+
+    func encode(_ answer: BatchCheckAnswer) throws -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(try answer.response()))
+    }
+
+    func encode(_ answer: HealthResponse) -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(answer))
+    }
+
+    func encode(_ answer: WriteResponse) -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(answer))
+    }
+
+    func encode(_ answer: CompactResponse) -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(answer))
+    }
+
+    func byteCount(of encoded: ByteBuffer) -> Int {
+        encoded.readableBytes
+    }
+}
+
+/// What the JSON door says around a call: timeouts, routes, errors in Connect's shape
+/// (`{"code": "invalid_argument", "message": "..."}` with the HTTP status Connect gives it).
 enum JSONMethods {
     /// `Connect-Timeout-Ms`: the call's timeout, nil for none, or why the header is refused.
     static func connectTimeout(_ text: String?) -> Result<TimeAmount?, ServiceError> {
@@ -50,80 +86,12 @@ enum JSONMethods {
         ServiceError(.resourceExhausted, "the request is over \(limit) bytes, the largest body this server accepts")
     }
 
-    /// Runs `method` on a JSON body; answers JSON text, or the call's failure.
-    static func call(
-        _ method: MethodID,
-        body: ByteBuffer,
-        methods: EntitlementMethods,
-        context: CallContext,
-        draining: Bool
-    ) -> MethodResult<String> {
-        // Health and Compact take no fields: an empty body is their empty message.
-        let body = body.readableBytes == 0 && (method == .health || method == .compact) ? ByteBuffer(string: "{}") : body
-        let bytes = body.readableBytesView
-        do {
-            switch method {
-            case .checkEntitlements:
-                let request = try ProtoJSON.decode(CheckEntitlementsRequest.self, from: bytes)
-                return Self.map(methods.checkEntitlements(request, context)) { EntitlementsOutput.json(try $0.response(), pretty: false) }
-            case .batchCheckEntitlements:
-                let request = try ProtoJSON.decode(BatchCheckEntitlementsRequest.self, from: bytes)
-                return Self.map(methods.batchCheckEntitlements(request, context)) { EntitlementsOutput.json(try $0.response()) }
-            case .health:
-                _ = try ProtoJSON.decode(HealthRequest.self, from: bytes)
-                return .now(.success(EntitlementsOutput.json(methods.health(draining: draining))))
-            case .compact:
-                _ = try ProtoJSON.decode(CompactRequest.self, from: bytes)
-                return Self.map(methods.compact(context)) { EntitlementsOutput.json($0) }
-            case .recordTransaction:
-                return Self.write(.recordTransaction(try ProtoJSON.decode(RecordTransactionRequest.self, from: bytes)), methods, context)
-            case .updateSubscriptionState:
-                return Self.write(.updateSubscriptionState(try ProtoJSON.decode(UpdateSubscriptionStateRequest.self, from: bytes)), methods, context)
-            case .grantEntitlement:
-                return Self.write(.grantEntitlement(try ProtoJSON.decode(GrantEntitlementRequest.self, from: bytes)), methods, context)
-            case .revokeGrant:
-                return Self.write(.revokeGrant(try ProtoJSON.decode(RevokeGrantRequest.self, from: bytes)), methods, context)
-            case .linkAlias:
-                return Self.write(.linkAlias(try ProtoJSON.decode(LinkAliasRequest.self, from: bytes)), methods, context)
-            case .deleteCustomer:
-                return Self.write(.deleteCustomer(try ProtoJSON.decode(DeleteCustomerRequest.self, from: bytes)), methods, context)
-            default:
-                return .now(.failure(ServiceError(
-                    .unimplemented,
-                    "\(method) streams: the JSON door serves unary calls only; watch over gRPC or the framed protocol"
-                )))
-            }
-        } catch {
-            return .now(.failure(ServiceError(.invalidArgument, "\(error)")))
-        }
-    }
-
-    private static func write(_ mutation: LogRecord.Mutation, _ methods: EntitlementMethods, _ context: CallContext) -> MethodResult<String> {
-        Self.map(methods.write(mutation, context)) { EntitlementsOutput.json($0) }
-    }
-
-    private static func map<Value: Sendable>(_ result: MethodResult<Value>, _ render: @escaping @Sendable (Value) throws -> String) -> MethodResult<String> {
-        @Sendable func rendered(_ result: Result<Value, ServiceError>) -> Result<String, ServiceError> {
-            result.flatMap { value in
-                do {
-                    return .success(try render(value))
-                } catch {
-                    return .failure(ServiceError(.internalError, "cannot render the answer as JSON: \(error)"))
-                }
-            }
-        }
-        switch result {
-        case .now(let result): return .now(rendered(result))
-        case .later(let future): return .later(future.map(rendered))
-        }
-    }
-
     /// The error body: Connect's shape, `{"code": "...", "message": "..."}`.
-    static func errorBody(_ error: ServiceError) -> String {
-        JSONValue.object([
+    static func errorBody(_ error: ServiceError) -> ByteBuffer {
+        ByteBuffer(string: JSONValue.object([
             ("code", .string(Self.codeName(error.status))),
             ("message", .string(error.message)),
-        ]).serialized(pretty: false)
+        ]).serialized(pretty: false))
     }
 
     /// A status's name in Connect's JSON (the gRPC name, lower snake case).

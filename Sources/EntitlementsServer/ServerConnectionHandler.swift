@@ -47,19 +47,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// Armed once the sending side is shut down (see `closeGracefully`).
     private var lingerTimer: Scheduled<Void>?
 
-    /// A call accepted and not yet answered.
-    private struct Call {
-        var timer: Scheduled<Void>?
-        var method: MethodID
-        /// When its frame was read, for the latency metric.
-        var start: NIODeadline
-    }
-
-    /// Calls accepted and not yet answered.
-    private var pending: [UInt64: Call] = [:]
+    /// Calls accepted and not yet answered, by request id, with their method. The router
+    /// times them out and counts them (``EntitlementMethods/unary(_:_:_:codec:)``); this
+    /// transport only holds their place, for CANCEL, backpressure and the drain.
+    private var pending: [UInt64: MethodID] = [:]
     /// The method and read time of the request being handled (set by `request(_:)`).
     private var current = (method: MethodID(rawValue: 0), start: NIODeadline.uptimeNanoseconds(0))
-    private var metrics: ServerMetrics { self.services.metrics }
     /// Open WatchEntitlements streams by request id (not in `pending`: they never end on
     /// their own).
     private var watches: [UInt64: WatchStream] = [:]
@@ -123,10 +116,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        for call in self.pending.values {
-            call.timer?.cancel()
-            self.metrics.inFlight.decrement()
-        }
+        self.scope.close()  // calls still being worked on count as CANCELLED
         self.pending.removeAll()
         for watch in self.watches.values {
             watch.abandon()
@@ -163,7 +153,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.frameError(error)
         }
         if self.checksAnsweredInRead > 0 {
-            self.metrics.answered(.checkEntitlements, .ok, count: self.checksAnsweredInRead, since: self.lastActivity)
+            self.methods.recordAnswers(.checkEntitlements, .ok, count: self.checksAnsweredInRead, since: self.lastActivity)
             self.checksAnsweredInRead = 0
         }
         self.guardAgainstSlowSender()
@@ -312,26 +302,44 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         switch frame.method {
         case .checkEntitlements:
             self.check(frame, deadline: deadline)
-        case .batchCheckEntitlements:
-            self.batchCheck(frame, deadline: deadline)
-        case .health:
-            self.healthCheck(frame)
-        case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
-            self.write(frame, deadline: deadline)
         case .watchEntitlements:
             self.watch(frame)
-        case .compact:
-            self.compact(frame)
         case .authenticate:
             self.authenticate(frame)
         default:
-            self.fail(frame.requestID, .unimplemented, "\(frame.method) is not implemented by this server")
+            self.route(frame, deadline: deadline)
         }
     }
 
-    /// The call's context: this connection's loop, scope and access, and the frame's deadline.
+    /// The call's context: this connection's loop, scope and access, the frame's read time
+    /// and deadline.
     private func callContext(_ deadline: NIODeadline?) -> CallContext {
-        deadline == nil ? self.plainCall : CallContext(eventLoop: self.context.eventLoop, deadline: deadline, scope: self.scope, access: self.plainCall.access)
+        CallContext(
+            eventLoop: self.context.eventLoop,
+            deadline: deadline,
+            scope: self.scope,
+            access: self.plainCall.access,
+            start: self.current.start,
+            draining: self.draining
+        )
+    }
+
+    /// Every method but the check, the watch and Authenticate: through the service's router,
+    /// which applies the per-call rules.
+    private func route(_ frame: Frame, deadline: NIODeadline?) {
+        let requestID = frame.requestID
+        switch self.methods.unary(frame.method, frame.payload, self.callContext(deadline), codec: ProtobufCodec()) {
+        case .now(.success(let answer)):
+            self.answer(requestID, answer)
+        case .now(.failure(let error)):
+            self.fail(requestID, error.status, error.message)
+        case .later(let future):
+            self.accept(requestID)
+            self.completeLater(requestID, future) { answer, buffer in
+                buffer.writeImmutableBuffer(answer)
+                return []
+            }
+        }
     }
 
     /// Authenticate (method 5): a token from --auth-token-file gives this connection its
@@ -342,47 +350,41 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         do {
             request = try AuthenticateRequest(buffer: frame.payload)
         } catch {
-            self.fail(frame.requestID, .invalidArgument, "\(error)")
+            self.refuse(frame.requestID, .invalidArgument, "\(error)")
             return
         }
         switch self.credentials.authenticate(token: (request.token ?? "").utf8) {
         case .success(let permissions):
-            let response = AuthenticateResponse(check: permissions.contains(.check), write: permissions.contains(.write))
-            self.run(frame.requestID, deadline: nil, .now(.success(response))) { response, buffer in
-                (try? response.serialize(into: &buffer)) == nil ? nil : []
-            }
+            var response = ByteBuffer()
+            try? AuthenticateResponse(check: permissions.contains(.check), write: permissions.contains(.write)).serialize(into: &response)
+            self.methods.recordAnswers(.authenticate, .ok, since: self.current.start)
+            self.answer(frame.requestID, response)
         case .failure(let refusal):
             self.methods.recordRefusal(refusal, listener: self.credentials.security.policy.name, peer: self.credentials.peer)
-            self.fail(frame.requestID, refusal.status, refusal.message)
+            self.refuse(frame.requestID, refusal.status, refusal.message)
         }
     }
 
+    /// CheckEntitlements, the one specialised path: an answer ready at once is written
+    /// straight into the outgoing bytes and counted with the rest of its read.
     private func check(_ frame: Frame, deadline: NIODeadline?) {
-        let request: CheckEntitlementsRequest
-        do {
-            request = try CheckEntitlementsRequest(buffer: frame.payload)
-        } catch {
-            self.fail(frame.requestID, .invalidArgument, "\(error)")
-            return
-        }
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
-        let result = deadline == nil
-            ? self.methods.checkEntitlements(request, self.plainCall)
-            : self.methods.checkEntitlements(request, self.callContext(deadline))
+        let result: MethodResult<CheckAnswer>
+        if deadline == nil {
+            self.plainCall.start = self.current.start
+            result = self.methods.check(frame.payload, self.plainCall)
+        } else {
+            result = self.methods.check(frame.payload, self.callContext(deadline))
+        }
         switch result {
         case .now(.success(let answer)):
             // The hot path: written straight into the outgoing bytes, nothing pending.
-            self.answer(Call(timer: nil, method: self.current.method, start: self.current.start), requestID) { buffer in
-                answer.write(into: &buffer)
-                return answer.fromCache ? .fromCache : []
-            } failure: {
-                .ok
-            }
+            self.answerCheck(requestID, answer)
             self.afterCompletion()
         case .now(.failure(let error)):
             self.fail(requestID, error.status, error.message)
         case .later(let future):
-            self.accept(requestID, deadline: deadline)
+            self.accept(requestID)
             self.completeLater(requestID, future) { answer, buffer in
                 answer.write(into: &buffer)
                 return answer.fromCache ? .fromCache : []
@@ -390,96 +392,25 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
     }
 
-    private func batchCheck(_ frame: Frame, deadline: NIODeadline?) {
-        let request: BatchCheckEntitlementsRequest
-        do {
-            request = try BatchCheckEntitlementsRequest(buffer: frame.payload)
-        } catch {
-            self.fail(frame.requestID, .invalidArgument, "\(error)")
-            return
-        }
-        self.run(frame.requestID, deadline: deadline, self.methods.batchCheckEntitlements(request, self.callContext(deadline))) { answer, buffer in
-            answer.write(into: &buffer)
-            return []
-        }
-    }
-
-    private func healthCheck(_ frame: Frame) {
-        // Every request is decoded, even one with no fields: garbage is refused, not answered.
-        do {
-            _ = try HealthRequest(buffer: frame.payload)
-        } catch {
-            self.fail(frame.requestID, .invalidArgument, "\(error)")
-            return
-        }
-        self.run(frame.requestID, deadline: nil, .now(self.methods.health(self.plainCall, draining: self.draining))) { response, buffer in
-            (try? response.serialize(into: &buffer)) == nil ? nil : []
-        }
-    }
-
-    /// A write: acknowledged once it is durable and visible to every later check.
-    private func write(_ frame: Frame, deadline: NIODeadline?) {
-        let mutation: LogRecord.Mutation
-        do {
-            mutation = try EntitlementMethods.mutation(frame.method, frame.payload)
-        } catch {
-            self.fail(frame.requestID, .invalidArgument, "\(error)")
-            return
-        }
-        self.run(frame.requestID, deadline: deadline, self.methods.write(mutation, self.callContext(deadline))) { response, buffer in
-            (try? response.serialize(into: &buffer)) == nil ? nil : []
-        }
-    }
-
-    private func compact(_ frame: Frame) {
-        do {
-            _ = try CompactRequest(buffer: frame.payload)
-        } catch {
-            self.fail(frame.requestID, .invalidArgument, "\(error)")
-            return
-        }
-        self.run(frame.requestID, deadline: nil, self.methods.compact(self.callContext(nil))) { response, buffer in
-            (try? response.serialize(into: &buffer)) == nil ? nil : []
-        }
-    }
-
-    /// Answers a method's result: a failure at once, an answer once it is ready (the call
-    /// pending meanwhile, with its deadline).
-    private func run<Value>(
-        _ requestID: UInt64,
-        deadline: NIODeadline?,
-        _ result: MethodResult<Value>,
-        encode: @escaping (Value, inout ByteBuffer) -> FrameFlags?
-    ) {
-        switch result {
-        case .now(.failure(let error)):
-            self.fail(requestID, error.status, error.message)
-        case .now(.success(let value)):
-            self.accept(requestID, deadline: deadline)
-            self.complete(requestID) { encode(value, &$0) } failure: { .internalError }
-        case .later(let future):
-            self.accept(requestID, deadline: deadline)
-            self.completeLater(requestID, future, encode: encode)
-        }
-    }
-
     /// Answers an accepted call when its result arrives (a call no longer pending, being
-    /// cancelled or timed out meanwhile, is dropped).
+    /// cancelled meanwhile, is dropped). The router has counted it and checked its size.
     private func completeLater<Value>(
         _ requestID: UInt64,
         _ future: EventLoopFuture<Result<Value, ServiceError>>,
-        encode: @escaping (Value, inout ByteBuffer) -> FrameFlags?
+        encode: @escaping (Value, inout ByteBuffer) -> FrameFlags
     ) {
         future.assumeIsolated().whenSuccess { result in
-            guard self.context != nil, self.pending[requestID] != nil else {
+            guard self.context != nil, self.pending.removeValue(forKey: requestID) != nil else {
                 return
             }
             switch result {
             case .success(let value):
-                self.complete(requestID) { encode(value, &$0) } failure: { .internalError }
+                self.writeResponse(requestID) { encode(value, &$0) }
             case .failure(let error):
-                self.fail(requestID, error.status, error.message)
+                self.outgoing.writeFrame(.failure(id: requestID, status: error.status, message: error.message))
+                self.sendOutgoing()
             }
+            self.afterCompletion()
         }
     }
 
@@ -487,7 +418,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// Refuses a watch: a streaming call always ends with END_OF_STREAM.
     private func refuseWatch(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
-        self.metrics.answered(.watchEntitlements, status, since: self.current.start)
+        self.methods.recordAnswers(.watchEntitlements, status, since: self.current.start)
         self.endWatch(requestID, status, message)
     }
 
@@ -541,18 +472,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     // MARK: Answering
 
-    /// Registers a call as in flight, with its deadline, and applies backpressure.
-    private func accept(_ requestID: UInt64, deadline: NIODeadline?) {
-        var timer: Scheduled<Void>?
-        if let deadline {
-            timer = self.context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
-                if self.pending[requestID] != nil {
-                    self.fail(requestID, .deadlineExceeded, "the deadline passed before the answer was ready")
-                }
-            }
-        }
-        self.pending[requestID] = Call(timer: timer, method: self.current.method, start: self.current.start)
-        self.metrics.inFlight.increment()
+    /// Holds the place of a call whose answer comes later, and applies backpressure.
+    private func accept(_ requestID: UInt64) {
+        self.pending[requestID] = self.current.method
         self.updateReading()
     }
 
@@ -577,75 +499,66 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
     }
 
-    /// Answers a pending call: `body` writes the payload of an OK RESPONSE and returns its
-    /// flags, or returns nil for a failure whose status `failure` gives (the payload then
-    /// being the message). A call no longer pending (cancelled, timed out) is dropped.
-    fileprivate func complete(
-        _ requestID: UInt64,
-        _ body: (inout ByteBuffer) -> FrameFlags?,
-        failure: () -> StatusCode
-    ) {
-        guard let call = self.pending.removeValue(forKey: requestID) else {
-            return
+    /// The hot path's answer, ready at once and not yet counted: written in place, held to
+    /// ``AnswerLimit`` here (the router never saw its bytes), and counted with its read.
+    private func answerCheck(_ requestID: UInt64, _ answer: CheckAnswer) {
+        if let refusal = self.writeResponse(requestID, { buffer in
+            answer.write(into: &buffer)
+            return answer.fromCache ? .fromCache : []
+        }) {
+            self.methods.recordAnswers(.checkEntitlements, refusal.status, since: self.current.start)
+        } else if self.inReadBatch {
+            self.checksAnsweredInRead += 1  // counted at the end of this read
+        } else {
+            self.methods.recordAnswers(.checkEntitlements, .ok, since: self.current.start)
         }
-        call.timer?.cancel()
-        self.metrics.inFlight.decrement()
-        self.answer(call, requestID, body, failure: failure)
+    }
+
+    /// An OK answer the router made (and counted) at once.
+    private func answer(_ requestID: UInt64, _ payload: ByteBuffer) {
+        self.writeResponse(requestID) { buffer in
+            buffer.writeImmutableBuffer(payload)
+            return []
+        }
         self.afterCompletion()
     }
 
-    /// Writes the RESPONSE frame of `call` (no longer pending) straight into the outgoing
-    /// bytes: no buffer of its own.
-    private func answer(
-        _ call: Call,
-        _ requestID: UInt64,
-        _ body: (inout ByteBuffer) -> FrameFlags?,
-        failure: () -> StatusCode
-    ) {
+    /// Writes an OK RESPONSE frame straight into the outgoing bytes: no buffer of its own.
+    /// `body` writes the payload and returns the frame's flags. An answer over
+    /// ``AnswerLimit`` is replaced by its RESOURCE_EXHAUSTED failure, which is returned.
+    @discardableResult
+    private func writeResponse(_ requestID: UInt64, _ body: (inout ByteBuffer) -> FrameFlags) -> ServiceError? {
         let frameStart = self.outgoing.writerIndex
         self.outgoing.writeRepeatingByte(0, count: Frame.headerSize)  // the header, once the length is known
         let flags = body(&self.outgoing)
         let payloadLength = self.outgoing.writerIndex - frameStart - Frame.headerSize
-        guard payloadLength <= Frame.defaultMaximumPayloadSize else {
-            // Clients accept 1 MiB by default (docs/PROTOCOL.md): a larger answer would be
-            // a connection error on their side, failing every call on the connection.
+        if let refusal = AnswerLimit.refusal(byteCount: payloadLength) {
             self.outgoing.moveWriterIndex(to: frameStart)
-            let message = "the answer is \(payloadLength) bytes; a frame carries at most \(Frame.defaultMaximumPayloadSize) (ask for fewer users or entitlements)"
-            self.metrics.answered(call.method, .resourceExhausted, since: call.start)
-            self.outgoing.writeFrame(.failure(id: requestID, status: .resourceExhausted, message: message))
+            self.outgoing.writeFrame(.failure(id: requestID, status: refusal.status, message: refusal.message))
             self.sendOutgoing()
-            return
+            return refusal
         }
         let end = self.outgoing.writerIndex
         self.outgoing.moveWriterIndex(to: frameStart)
-        if let flags {
-            self.outgoing.writeFrameHeader(type: .response, flags: flags, requestID: requestID, payloadLength: UInt32(payloadLength))
-            if self.inReadBatch, call.start == self.lastActivity, call.method == .checkEntitlements {
-                self.checksAnsweredInRead += 1  // counted at the end of this read
-            } else {
-                self.metrics.answered(call.method, .ok, since: call.start)
-            }
-        } else {
-            let status = failure()
-            self.outgoing.writeFrameHeader(type: .response, status: status, requestID: requestID, payloadLength: UInt32(payloadLength))
-            self.metrics.answered(call.method, status, since: call.start)
-        }
+        self.outgoing.writeFrameHeader(type: .response, flags: flags, requestID: requestID, payloadLength: UInt32(payloadLength))
         self.outgoing.moveWriterIndex(to: end)
         self.sendOutgoing()
+        return nil
     }
 
-    /// Fails a call (pending or not yet accepted) with a status and a message.
+    /// Fails a call with a status the router gave (and counted), or a cancelled one.
     private func fail(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
-        if let call = self.pending.removeValue(forKey: requestID) {
-            call.timer?.cancel()
-            self.metrics.inFlight.decrement()
-            self.metrics.answered(call.method, status, since: call.start)
-        } else {
-            self.metrics.answered(self.current.method, status, since: self.current.start)  // refused before it was accepted
-        }
+        self.pending.removeValue(forKey: requestID)
         self.outgoing.writeFrame(.failure(id: requestID, status: status, message: message))
         self.sendOutgoing()
         self.afterCompletion()
+    }
+
+    /// Fails a call this transport refuses before any method ran (its request does not
+    /// decode, a wrong token): counted here, since the router never saw it.
+    private func refuse(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
+        self.methods.recordAnswers(self.current.method, status, since: self.current.start)
+        self.fail(requestID, status, message)
     }
 
     private func write(header type: FrameType, requestID: UInt64, payload: ByteBuffer?) {

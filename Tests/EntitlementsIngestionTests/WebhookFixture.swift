@@ -75,7 +75,7 @@ final class WebhookFixture: Sendable {
     /// A check in the sandbox: the fixtures' events are test mode (`livemode: false`).
     func check(_ user: String, at instant: Int64) async throws -> CheckEntitlementsResponse {
         try await self.onLoop { methods, context in
-            switch methods.checkEntitlements(CheckEntitlementsRequest(userId: user, at: instant, environment: .sandbox), context) {
+            switch methods.check(CheckEntitlementsRequest(userId: user, at: instant, environment: .sandbox), context) {
             case .now(let result): context.eventLoop.makeSucceededFuture(result.flatMap { answer in Result { try answer.response() }.mapError { ServiceError(.internalError, "\($0)") } })
             case .later(let future): future.map { $0.flatMap { answer in Result { try answer.response() }.mapError { ServiceError(.internalError, "\($0)") } } }
             }

@@ -60,10 +60,10 @@ struct EntitlementsServerTests {
         let unknown = try CheckEntitlementsResponse(buffer: try await fixture.server.pool.checkResponse(userId: "nobody", at: now))
         #expect(unknown.userId == "nobody" && unknown.customerId == nil && unknown.entitlements.isEmpty)
         for (userId, entitlementIds) in [("", [String]()), ("user-1", [""]), (String(repeating: "x", count: 257), [])] {
-            let failure = await #expect(throws: CheckFailure.self) {
+            let failure = await #expect(throws: ServiceError.self) {
                 try await fixture.server.pool.checkResponse(userId: userId, entitlementIds: entitlementIds, at: now)
             }
-            #expect(failure?.reason == .invalidArgument)
+            #expect(failure?.status == .invalidArgument)
         }
         await client.close()
         try await fixture.stop()
@@ -83,10 +83,10 @@ struct EntitlementsServerTests {
         let before = await misses()
         fixture.server.closeAllConnections()
         for index in 0..<20 {
-            let failure = await #expect(throws: CheckFailure.self) {
+            let failure = await #expect(throws: ServiceError.self) {
                 try await fixture.server.pool.checkResponse(userId: "user-\(index)", environment: .sandbox, at: now)
             }
-            #expect(failure?.reason == .unavailable)
+            #expect(failure?.status == .unavailable)
         }
         #expect(await misses() == before, "a check ran after the server gave up its drain")
         try await fixture.stop()
@@ -596,7 +596,7 @@ struct ServerLifecycleTests {
             try await client.checkEntitlements(CheckEntitlementsRequest(userId: "big"))
         } throws: { error in
             let error = error as? EntitlementsClientError
-            return error?.code == .resourceExhausted && error?.message.contains("a frame carries at most 1048576") == true
+            return error?.code == .resourceExhausted && error?.message.contains("an answer carries at most 1048576") == true
         }
         #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "small")).customerId == "small")
         await client.close()

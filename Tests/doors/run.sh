@@ -6,7 +6,10 @@
 #     (Tests/doors/test_doors.py), and HTTP/1.1 JSON;
 #   - Go: grpc-go from Debian, built in GOPATH mode with messages generated from proto/ now
 #     (Tests/doors/go/client.go);
-#   - curl: the README's JSON line.
+#   - curl: the README's JSON line;
+#   - every method through every transport (framed TCP, Unix and TLS, gRPC, JSON over
+#     HTTP/2 and HTTP/1.1, plain and TLS) against one table of permissions and limits
+#     (Tests/doors/test_every_door.py, which starts two servers of its own).
 # Usage: Tests/doors/run.sh [path/to/entitlements]   (default .build/debug/entitlements)
 # Talks to loopback only; stops the server it started, by its pid.
 set -euo pipefail
@@ -81,4 +84,6 @@ echo "doors: Python over TLS with a token (grpcio secure channel, HTTPS JSON) ag
 SECURE_PORT=$secure_port CA="$work/ca.pem" TOKEN="$token" python3 Tests/doors/test_secure_door.py
 kill -TERM "$pid"; wait "$pid" || true
 pid=""
+echo "doors: every method through every transport, with and without tokens, plain and TLS (Python)"
+python3 Tests/doors/test_every_door.py "$ENT"
 echo "doors: all foreign clients passed"

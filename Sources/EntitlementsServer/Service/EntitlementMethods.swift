@@ -36,19 +36,33 @@ public struct CallContext {
     /// The caller's event loop: answers come back on it, and a resolver running on it
     /// answers at once.
     public var eventLoop: any EventLoop
-    /// Work not started by then is abandoned (the caller's timeout); nil for none. The
-    /// transport still answers DEADLINE_EXCEEDED itself when it passes.
+    /// Work not started by then is abandoned, and an answer not ready by then is
+    /// DEADLINE_EXCEEDED (the caller's timeout); nil for none.
     public var deadline: NIODeadline?
-    /// Closed when the caller goes away, so that work queued for it is skipped.
+    /// Closed when the caller goes away, so that work queued for it is skipped (and the
+    /// call counted as CANCELLED).
     public var scope: ConnectionScope
     /// What the caller may do (docs/security.md): every method checks it first.
     public var access: CallerAccess
+    /// When the call's request was read: its latency is measured from here.
+    public var start: NIODeadline
+    /// The caller's connection is being drained (told to go away): Health says NOT_SERVING.
+    public var draining: Bool
 
-    public init(eventLoop: any EventLoop, deadline: NIODeadline?, scope: ConnectionScope, access: CallerAccess = .unrestricted) {
+    public init(
+        eventLoop: any EventLoop,
+        deadline: NIODeadline?,
+        scope: ConnectionScope,
+        access: CallerAccess = .unrestricted,
+        start: NIODeadline = .now(),
+        draining: Bool = false
+    ) {
         self.eventLoop = eventLoop
         self.deadline = deadline
         self.scope = scope
         self.access = access
+        self.start = start
+        self.draining = draining
     }
 }
 
@@ -77,12 +91,9 @@ public final class EntitlementMethods: Sendable {
 
     /// CheckEntitlements. A cache hit whose resolver runs on the caller's loop is answered
     /// `.now`; anything else (another loop's resolver, an alias owned by another resolver,
-    /// a `min_log_sequence` wait) `.later`.
-    @inline(__always)  // into each transport's check: the hot path stays one function
-    public func checkEntitlements(_ request: CheckEntitlementsRequest, _ context: CallContext) -> MethodResult<CheckAnswer> {
-        if let refused = self.authorize(.checkEntitlements, context) {
-            return .now(.failure(refused))
-        }
+    /// a `min_log_sequence` wait) `.later`. The per-call rules are the router's.
+    @inline(__always)  // into the router's check: the hot path stays one function
+    func checkEntitlements(_ request: CheckEntitlementsRequest, _ context: CallContext) -> MethodResult<CheckAnswer> {
         if let problem = Validation.problem(userId: request.userId, field: "user_id") ?? Validation.problem(entitlementIds: request.entitlementIds) {
             return .failure(.invalidArgument, problem)
         }
@@ -140,10 +151,7 @@ public final class EntitlementMethods: Sendable {
     }
 
     /// BatchCheckEntitlements: every user, in order, or one failure for the batch.
-    public func batchCheckEntitlements(_ request: BatchCheckEntitlementsRequest, _ context: CallContext) -> MethodResult<BatchCheckAnswer> {
-        if let refused = self.authorize(.batchCheckEntitlements, context) {
-            return .now(.failure(refused))
-        }
+    func batchCheckEntitlements(_ request: BatchCheckEntitlementsRequest, _ context: CallContext) -> MethodResult<BatchCheckAnswer> {
         guard request.userIds.count <= self.configuration.maximumBatchSize else {
             return .failure(
                 .resourceExhausted,
@@ -189,14 +197,8 @@ public final class EntitlementMethods: Sendable {
                 switch outcome {
                 case .answer(let answer, let customerId, _):
                     answers.append((answer, customerId))
-                case .failed(let reason):
-                    return .failure(ServiceError(.internalError, "user \(userId): \(reason)"))
-                case .stopping:
-                    return .failure(ServiceError(.unavailable, CheckAnswer.stoppingMessage))
-                case .busy(let reason):
-                    return .failure(ServiceError(.resourceExhausted, "user \(userId): \(reason)"))
-                case .deadlineExceeded, .forward, .cold:
-                    return .failure(ServiceError(.deadlineExceeded, "the deadline passed before every user was checked"))
+                default:
+                    return .failure(outcome.failure(userId: userId, batch: true))
                 }
             }
             return .success(BatchCheckAnswer(userIds: request.userIds, answers: answers, requestDate: instant, staleForMilliseconds: staleForMilliseconds))
@@ -205,17 +207,14 @@ public final class EntitlementMethods: Sendable {
 
     // MARK: Health
 
-    /// Health, for a caller with the check permission. `draining`: the caller's
-    /// connection has been told to go away (GOAWAY).
-    public func health(_ context: CallContext, draining: Bool = false) -> Result<HealthResponse, ServiceError> {
-        if let refused = self.authorize(.health, context) {
-            return .failure(refused)
-        }
-        return .success(self.health(draining: draining))
+    /// Health, as a call: NOT_SERVING when the caller's connection drains.
+    func health(_ context: CallContext) -> Result<HealthResponse, ServiceError> {
+        .success(self.probeHealth(draining: context.draining))
     }
 
-    /// Health, without a permission check: for the admin listener's probes.
-    public func health(draining: Bool = false) -> HealthResponse {
+    /// Health without a permission check: for the admin listener's probes only (every
+    /// caller of the service reaches Health through ``unary(_:_:_:codec:)``, which checks).
+    public func probeHealth(draining: Bool = false) -> HealthResponse {
         HealthResponse(
             status: self.isServing(draining: draining) ? .serving : .notServing,
             snapshotId: self.store.snapshot.header.snapshotId,
@@ -235,10 +234,7 @@ public final class EntitlementMethods: Sendable {
 
     /// A write: validated and applied by the store, answered once it is durable and every
     /// resolver has forgotten what it changed (so any later check sees it).
-    public func write(_ mutation: LogRecord.Mutation, _ context: CallContext) -> MethodResult<WriteResponse> {
-        if let refused = self.authorize(Self.method(of: mutation), context) {
-            return .now(.failure(refused))
-        }
+    func apply(_ mutation: LogRecord.Mutation, _ context: CallContext) -> MethodResult<WriteResponse> {
         let promise = context.eventLoop.makePromise(of: Result<WriteResponse, ServiceError>.self)
         self.store.write(mutation, now: WallClock.unixMilliseconds()) { result in
             // The store calls this once every resolver has dropped what the write changed
@@ -275,10 +271,7 @@ public final class EntitlementMethods: Sendable {
     }
 
     /// Compact: a new snapshot holding every acknowledged write.
-    public func compact(_ context: CallContext) -> MethodResult<CompactResponse> {
-        if let refused = self.authorize(.compact, context) {
-            return .now(.failure(refused))
-        }
+    func compact(_ context: CallContext) -> MethodResult<CompactResponse> {
         let promise = context.eventLoop.makePromise(of: Result<CompactResponse, ServiceError>.self)
         let services = self.services
         Task {
@@ -374,34 +367,6 @@ public final class EntitlementMethods: Sendable {
         return .success(watch)
     }
 
-    // MARK: Protobuf bytes
-
-    /// A unary method with its request and answer as protobuf bytes: what a transport that
-    /// carries protobuf (the gRPC door) calls. The request is decoded here, so that every
-    /// such transport refuses the same bytes with the same message.
-    public func unary(_ method: MethodID, request: ByteBuffer, _ context: CallContext, draining: Bool = false) -> MethodResult<ByteBuffer> {
-        do {
-            switch method {
-            case .checkEntitlements:
-                return Self.encoded(self.checkEntitlements(try CheckEntitlementsRequest(buffer: request), context)) { $0.write(into: &$1) }
-            case .batchCheckEntitlements:
-                return Self.encoded(self.batchCheckEntitlements(try BatchCheckEntitlementsRequest(buffer: request), context)) { $0.write(into: &$1) }
-            case .health:
-                _ = try HealthRequest(buffer: request)  // garbage is refused, not answered
-                return Self.encoded(.now(self.health(context, draining: draining))) { try? $0.serialize(into: &$1) }
-            case .compact:
-                _ = try CompactRequest(buffer: request)
-                return Self.encoded(self.compact(context)) { try? $0.serialize(into: &$1) }
-            case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
-                return Self.encoded(self.write(try Self.mutation(method, request), context)) { try? $0.serialize(into: &$1) }
-            default:
-                return .failure(.unimplemented, "\(method) is not a unary method of this server")
-            }
-        } catch {
-            return .failure(.invalidArgument, "\(error)")
-        }
-    }
-
     /// The method that carries `mutation` (a replicated write is fleet mode's, never a
     /// caller's: it needs the write permission as any write does).
     static func method(of mutation: LogRecord.Mutation) -> MethodID {
@@ -412,32 +377,6 @@ public final class EntitlementMethods: Sendable {
         case .revokeGrant: .revokeGrant
         case .linkAlias: .linkAlias
         case .deleteCustomer, .replicatedWrite: .deleteCustomer
-        }
-    }
-
-    /// Decodes a write method's request.
-    public static func mutation(_ method: MethodID, _ payload: ByteBuffer) throws -> LogRecord.Mutation {
-        switch method {
-        case .recordTransaction: .recordTransaction(try RecordTransactionRequest(buffer: payload))
-        case .updateSubscriptionState: .updateSubscriptionState(try UpdateSubscriptionStateRequest(buffer: payload))
-        case .grantEntitlement: .grantEntitlement(try GrantEntitlementRequest(buffer: payload))
-        case .revokeGrant: .revokeGrant(try RevokeGrantRequest(buffer: payload))
-        case .linkAlias: .linkAlias(try LinkAliasRequest(buffer: payload))
-        default: .deleteCustomer(try DeleteCustomerRequest(buffer: payload))
-        }
-    }
-
-    private static func encoded<Value: Sendable>(_ result: MethodResult<Value>, _ write: @escaping @Sendable (Value, inout ByteBuffer) -> Void) -> MethodResult<ByteBuffer> {
-        @Sendable func encode(_ result: Result<Value, ServiceError>) -> Result<ByteBuffer, ServiceError> {
-            result.map { value in
-                var buffer = ByteBuffer()
-                write(value, &buffer)
-                return buffer
-            }
-        }
-        switch result {
-        case .now(let result): return .now(encode(result))
-        case .later(let future): return .later(future.map(encode))
         }
     }
 
@@ -470,23 +409,6 @@ public final class EntitlementMethods: Sendable {
     /// calls cannot flood the log.
     public func recordRefusal(_ refusal: Refusal, listener: String? = nil, peer: String) {
         self.services.recordRefusal(refusal, listener: listener, peer: peer)
-    }
-
-    // MARK: Metrics
-
-    /// Counts an answered call in the server's metrics (every transport reports the same
-    /// series, by method and status).
-    public func recordAnswer(_ method: MethodID, _ status: StatusCode, since start: NIODeadline) {
-        self.services.metrics.answered(method, status, since: start)
-    }
-
-    /// Counts a call accepted (+1) or answered (-1) in the in-flight gauge.
-    public func recordInFlight(_ delta: Int) {
-        if delta > 0 {
-            self.services.metrics.inFlight.increment(by: Double(delta))
-        } else {
-            self.services.metrics.inFlight.decrement(by: Double(-delta))
-        }
     }
 
     // MARK: Staleness and read-your-writes
@@ -590,14 +512,30 @@ public struct CheckAnswer: Sendable {
         switch outcome {
         case .answer(let answer, let customerId, let fromCache):
             .success(CheckAnswer(answer: answer, userId: query.userId, customerId: customerId, requestDate: query.instant, staleForMilliseconds: staleForMilliseconds, fromCache: fromCache))
+        default:
+            .failure(outcome.failure(userId: nil, batch: false))
+        }
+    }
+}
+
+extension CheckOutcome {
+    /// The status and message of an outcome that is not an answer: the one mapping every
+    /// path (single checks, batches, the benchmarks' gRPC peer) uses. `userId` names the
+    /// user in a batch's message.
+    @inline(never)
+    func failure(userId: String?, batch: Bool) -> ServiceError {
+        let user = userId.map { "user \($0): " } ?? ""
+        switch self {
+        case .answer:
+            return ServiceError(.internalError, "\(user)an answer is not a failure")
         case .deadlineExceeded, .forward, .cold:
-            .failure(ServiceError(.deadlineExceeded, "the deadline passed before the answer was ready"))
+            return ServiceError(.deadlineExceeded, batch ? "the deadline passed before every user was checked" : "the deadline passed before the answer was ready")
         case .busy(let reason):
-            .failure(ServiceError(.resourceExhausted, reason))
+            return ServiceError(.resourceExhausted, user + reason)
         case .failed(let reason):
-            .failure(ServiceError(.internalError, reason))
+            return ServiceError(.internalError, user + reason)
         case .stopping:
-            .failure(ServiceError(.unavailable, Self.stoppingMessage))
+            return ServiceError(.unavailable, CheckAnswer.stoppingMessage)
         }
     }
 }

@@ -599,26 +599,12 @@ public final class ResolverPool: Sendable {
     }
 }
 
-/// A check the resolvers could not answer.
-public struct CheckFailure: Error, CustomStringConvertible {
-    public enum Reason: Sendable {
-        /// The request breaks a rule the server enforces (INVALID_ARGUMENT there).
-        case invalidArgument
-        /// The snapshot could not be read or the answer encoded (INTERNAL there).
-        case internalError
-        /// The server is stopping without finishing its drain (UNAVAILABLE there).
-        case unavailable
-    }
-
-    public var reason: Reason
-    public var description: String
-}
-
 extension ResolverPool {
     /// Answers one CheckEntitlements with these resolvers and caches, exactly as the server
     /// does (the same validation; an alias of another resolver's customer is forwarded), and
     /// returns the encoded CheckEntitlementsResponse; a request the server would refuse with
-    /// INVALID_ARGUMENT throws ``CheckFailure`` with the same message. For serving the resolvers over another transport: the
+    /// INVALID_ARGUMENT throws the same ``ServiceError`` (status and message), as does any
+    /// other failure. For serving the resolvers over another transport: the
     /// gRPC peer in benchmarks/ uses it, so that only the transport differs.
     public func checkResponse(
         userId: String,
@@ -627,7 +613,7 @@ extension ResolverPool {
         at instant: Int64
     ) async throws -> ByteBuffer {
         if let problem = Validation.problem(userId: userId, field: "user_id") ?? Validation.problem(entitlementIds: entitlementIds) {
-            throw CheckFailure(reason: .invalidArgument, description: problem)
+            throw ServiceError(.invalidArgument, problem)
         }
         let promise = self.resolver(for: userId).eventLoop.makePromise(of: CheckOutcome.self)
         self.check(
@@ -639,14 +625,8 @@ extension ResolverPool {
             var buffer = ByteBuffer()
             answer.writeResponse(userId: userId, customerId: customerId, requestDate: instant, into: &buffer)
             return buffer
-        case .failed(let reason):
-            throw CheckFailure(reason: .internalError, description: reason)
-        case .stopping:
-            throw CheckFailure(reason: .unavailable, description: "the server stopped before this check ran")
-        case .busy(let reason):
-            throw CheckFailure(reason: .unavailable, description: reason)
-        case .deadlineExceeded, .forward, .cold:
-            throw CheckFailure(reason: .internalError, description: "the check was not answered")
+        case let outcome:
+            throw outcome.failure(userId: nil, batch: false)
         }
     }
 }

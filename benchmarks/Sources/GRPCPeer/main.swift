@@ -42,13 +42,15 @@ struct CheckService: RegistrableRPCService {
                 at: message.at ?? Int64(Date().timeIntervalSince1970 * 1_000)
             )
             return ServerResponse(message: bytes)
-        } catch let failure as CheckFailure {
-            let code: RPCError.Code = switch failure.reason {
+        } catch let failure as ServiceError {
+            let code: RPCError.Code = switch failure.status {
             case .invalidArgument: .invalidArgument
-            case .internalError: .internalError
+            case .resourceExhausted: .resourceExhausted
+            case .deadlineExceeded: .deadlineExceeded
             case .unavailable: .unavailable
+            default: .internalError
             }
-            throw RPCError(code: code, message: failure.description)
+            throw RPCError(code: code, message: failure.message)
         }
     }
 }

@@ -59,6 +59,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private var body = ByteBuffer()
     private var start = NIODeadline.now()
     private var deadline: NIODeadline?
+    /// Ends a call whose request has not arrived in full by its deadline; once it has,
+    /// the router holds the call to its deadline.
+    private var receivingTimer: Scheduled<Void>?
     /// Closed when the stream goes (reset by the client, or the connection closed).
     private let scope: ConnectionScope
     /// What this call may do: the connection's certificate and the call's bearer token.
@@ -94,6 +97,8 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private func ended() {
         self.state = .done
         self.scope.close()  // a routed call still being worked on counts as CANCELLED
+        self.receivingTimer?.cancel()
+        self.receivingTimer = nil
         self.healthTimer?.cancel()
         self.healthTimer = nil
         self.watch?.abandon()
@@ -144,6 +149,22 @@ final class DoorStreamHandler: ChannelInboundHandler {
         default:
             break
         }
+    }
+
+    /// A request still arriving when a read ends is held to its arrival limit
+    /// (``JSONMethods/arrivalLimit(start:deadline:frameTimeout:)``): one timer, armed only for
+    /// a request that did not come in one read, as the framed listener's slow-sender guard.
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if self.state == .receiving, self.receivingTimer == nil {
+            let limit = JSONMethods.arrivalLimit(start: self.start, deadline: self.deadline, frameTimeout: self.methods.configuration.frameTimeout)
+            self.receivingTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: limit.at) {
+                self.receivingTimer = nil
+                if self.state == .receiving {
+                    self.fail(limit.error.status, limit.error.message)
+                }
+            }
+        }
+        context.fireChannelReadComplete()
     }
 
     private func requestHeaders(_ headers: HPACKHeaders, endStream: Bool) {
@@ -252,6 +273,8 @@ final class DoorStreamHandler: ChannelInboundHandler {
             return
         }
         self.state = .answering
+        self.receivingTimer?.cancel()
+        self.receivingTimer = nil
         if self.connection.draining, self.isStream {
             // Its HEADERS came before the GOAWAY, the rest after: a stream started now
             // would hold the drain open.
@@ -276,55 +299,44 @@ final class DoorStreamHandler: ChannelInboundHandler {
             }
             return
         }
-        let message: ByteBuffer
-        switch Self.message(in: self.body) {
-        case .success(let bytes): message = bytes
-        case .failure(let error):
-            self.fail(error.status, error.message)
-            return
-        }
         switch self.route {
         case .method(.watchEntitlements):
-            self.watch(message, context)
+            self.routed = true
+            self.watch(context)
         case .method(let method):
             self.routed = true
-            self.answer(self.methods.unary(method, message, context, codec: ProtobufCodec(reservedPrefix: 5))) { handler, answer in
+            self.answer(self.methods.unary(method, self.body, context, codec: .grpc)) { handler, answer in
                 handler.respondMessage(answer)
             }
-        case .healthCheck:
-            // grpc.health.v1 is this door's own service; it needs the permission Health does.
+        case .healthCheck, .healthWatch:
+            // grpc.health.v1 is this door's own service; it needs the permission Health does,
+            // checked before its request is read, as the router does for the others.
             if let refused = self.methods.authorize(.health, context) {
                 self.fail(refused.status, refused.message)
                 return
             }
-            switch self.healthStatus(message) {
+            let request: HealthCheckRequest
+            do {
+                request = try HealthCheckRequest(buffer: try ProtobufCodec.message(in: self.body))
+            } catch let error as ServiceError {
+                self.fail(error.status, error.message)
+                return
+            } catch {
+                self.fail(.invalidArgument, "\(error)")
+                return
+            }
+            if case .healthWatch = self.route {
+                self.healthWatch(request)
+                return
+            }
+            switch self.healthStatus(request) {
             case .success(let status):
                 self.sendMessage(Self.encode(HealthCheckResponse(status: status)), flush: false)
                 self.finish(.ok, "")
             case .failure(let error):
                 self.fail(error.status, error.message)
             }
-        case .healthWatch:
-            self.healthWatch(message, context)
         }
-    }
-
-    /// The one message of a gRPC request body.
-    private static func message(in body: ByteBuffer) -> Result<ByteBuffer, ServiceError> {
-        var body = body
-        guard let flag = body.readInteger(as: UInt8.self), let length = body.readInteger(as: UInt32.self) else {
-            return .failure(ServiceError(.invalidArgument, "the request has no message: a unary call carries exactly one"))
-        }
-        guard flag == 0 else {
-            return .failure(ServiceError(.unimplemented, "the request message is compressed (flag \(flag)); this server reads uncompressed messages only"))
-        }
-        guard let message = body.readSlice(length: Int(length)) else {
-            return .failure(ServiceError(.invalidArgument, "the request message is cut short: \(length) bytes announced, \(body.readableBytes) sent"))
-        }
-        guard body.readableBytes == 0 else {
-            return .failure(ServiceError(.invalidArgument, "the request has more than one message: a unary call carries exactly one"))
-        }
-        return .success(message)
     }
 
     private func answer<Value>(_ result: MethodResult<Value>, _ respond: @escaping (DoorStreamHandler, Value) -> Void) {
@@ -348,14 +360,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     // MARK: Streams
 
-    private func watch(_ message: ByteBuffer, _ context: CallContext) {
-        let request: WatchEntitlementsRequest
-        do {
-            request = try WatchEntitlementsRequest(buffer: message)
-        } catch {
-            self.fail(.invalidArgument, "\(error)")
-            return
-        }
+    private func watch(_ context: CallContext) {
         let sink = WatchSink(
             send: { [unowned self] event in
                 self.sendMessage(event, flush: true)
@@ -366,7 +371,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
                 self.finish(status, message)
             }
         )
-        switch self.methods.watchEntitlements(request, context, sink: sink) {
+        switch self.methods.watch(self.body, context, codec: .grpc, sink: sink) {
         case .success(let watch):
             if !watch.isFinished {
                 self.watch = watch
@@ -378,13 +383,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
     }
 
     /// The status grpc.health.v1 reports for the service a request names.
-    private func healthStatus(_ message: ByteBuffer) -> Result<HealthCheckServingStatus, ServiceError> {
-        let request: HealthCheckRequest
-        do {
-            request = try HealthCheckRequest(buffer: message)
-        } catch {
-            return .failure(ServiceError(.invalidArgument, "\(error)"))
-        }
+    private func healthStatus(_ request: HealthCheckRequest) -> Result<HealthCheckServingStatus, ServiceError> {
         switch request.service ?? "" {
         case "", "entitlements.v1.EntitlementService":
             return .success(self.methods.isServing(draining: self.connection.draining) ? .serving : .notServing)
@@ -395,13 +394,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     /// grpc.health.v1.Health/Watch: the status now, then each change (checked every
     /// second); an unknown service is SERVICE_UNKNOWN, as the protocol says.
-    private func healthWatch(_ message: ByteBuffer, _ context: CallContext) {
-        if let refused = self.methods.authorize(.health, context) {
-            self.fail(refused.status, refused.message)
-            return
-        }
+    private func healthWatch(_ request: HealthCheckRequest) {
         let status: HealthCheckServingStatus
-        switch self.healthStatus(message) {
+        switch self.healthStatus(request) {
         case .success(let current): status = current
         case .failure(let error) where error.status == .notFound: status = .serviceUnknown
         case .failure(let error):
@@ -466,26 +461,18 @@ final class DoorStreamHandler: ChannelInboundHandler {
             return
         }
         self.responseHeaders()
-        var framed = context.channel.allocator.buffer(capacity: 5 + message.readableBytes)
-        framed.writeInteger(UInt8(0))
-        framed.writeInteger(UInt32(message.readableBytes))
-        framed.writeImmutableBuffer(message)
-        context.write(self.wrapOutboundOut(.data(.init(data: .byteBuffer(framed)))), promise: nil)
+        context.write(self.wrapOutboundOut(.data(.init(data: .byteBuffer(ProtobufCodec.grpcMessage(message))))), promise: nil)
         if flush {
             context.flush()
         }
     }
 
-    /// A unary call's answer: headers, the message, trailers with OK. `framed` is the
-    /// message behind the 5 bytes the codec left for its prefix (the router has checked
-    /// its size).
+    /// A unary call's answer: headers, the message (with its gRPC prefix, as the codec
+    /// encoded it; the router has checked its size), trailers with OK.
     private func respondMessage(_ framed: ByteBuffer) {
         guard let context = self.context else {
             return
         }
-        var framed = framed
-        framed.setInteger(UInt8(0), at: framed.readerIndex)
-        framed.setInteger(UInt32(framed.readableBytes - 5), at: framed.readerIndex + 1)
         self.responseHeaders()
         context.write(self.wrapOutboundOut(.data(.init(data: .byteBuffer(framed)))), promise: nil)
         self.finish(.ok, "")

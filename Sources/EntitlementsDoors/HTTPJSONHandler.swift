@@ -25,6 +25,8 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     private var readEnd = false
     private var start = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
+    /// Ends a request that has not arrived in full in time (``JSONMethods/arrivalLimit(start:deadline:frameTimeout:)``).
+    private var receivingTimer: Scheduled<Void>?
     /// Set once the handler has left the pipeline: a late answer is dropped.
     private var removed = false
 
@@ -42,6 +44,7 @@ final class HTTPJSONHandler: ChannelInboundHandler {
         self.removed = true
         self.scope.close()
         self.idleTimer?.cancel()
+        self.receivingTimer?.cancel()
     }
 
     private func armIdleTimer(context: ChannelHandlerContext) {
@@ -79,11 +82,40 @@ final class HTTPJSONHandler: ChannelInboundHandler {
             self.body.writeBuffer(&bytes)
         case .end:
             self.readEnd = true
+            self.receivingTimer?.cancel()
+            self.receivingTimer = nil
             guard !self.answered, let method = self.method, let head = self.head else {
                 self.requestDone(context: context)
                 return
             }
             self.call(context: context, method, head)
+        }
+    }
+
+    /// A request still arriving when a read ends is held to its arrival limit: one timer,
+    /// armed only for a request that did not come in one read. Past it, the request is
+    /// answered and the connection closed (the rest of its body cannot be told from the
+    /// next request).
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if let head = self.head, !self.readEnd, !self.answered, self.receivingTimer == nil {
+            self.armReceivingTimer(context: context, head)
+        }
+        context.fireChannelReadComplete()
+    }
+
+    private func armReceivingTimer(context: ChannelHandlerContext, _ head: HTTPRequestHead) {
+        let timeout = try? JSONMethods.connectTimeout(head.headers.first(name: "connect-timeout-ms")).get()  // valid: refusal(_:) checked it
+        let limit = JSONMethods.arrivalLimit(
+            start: self.start,
+            deadline: timeout.flatMap { $0 }.map { self.start + $0 },
+            frameTimeout: self.methods.configuration.frameTimeout
+        )
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        self.receivingTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: limit.at) {
+            self.receivingTimer = nil
+            if !self.readEnd {
+                self.refuse(context: loopBound.value, JSONMethods.httpStatus(limit.error.status), limit.error, close: true)
+            }
         }
     }
 

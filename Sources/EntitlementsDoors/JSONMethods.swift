@@ -76,6 +76,20 @@ enum JSONMethods {
         return .success(.milliseconds(value))
     }
 
+    /// When a request whose headers arrived at `start` must have arrived in full, and what
+    /// its call is answered if it has not: its deadline, or --frame-timeout after its
+    /// headers, whichever is first (as the framed listener's slow-sender guard). Both doors,
+    /// HTTP/1.1 and HTTP/2, hold a request to it; once in, the router holds the call to its
+    /// deadline.
+    static func arrivalLimit(start: NIODeadline, deadline: NIODeadline?, frameTimeout: TimeAmount) -> (at: NIODeadline, error: ServiceError) {
+        let slowSender = start + frameTimeout
+        if let deadline, deadline <= slowSender {
+            return (deadline, ServiceError(.deadlineExceeded, "the deadline passed before the request arrived in full"))
+        }
+        let seconds = Double(frameTimeout.nanoseconds) / 1e9
+        return (slowSender, ServiceError(.deadlineExceeded, "the request did not arrive in full within --frame-timeout (\(seconds) s after its headers)"))
+    }
+
     /// A path that names no method of the service: 404, `unimplemented`.
     static func unknownMethod(_ path: String) -> ServiceError {
         ServiceError(.unimplemented, "unknown method \(path); this door serves POST /entitlements.v1.EntitlementService/<method>")

@@ -47,10 +47,18 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// Armed once the sending side is shut down (see `closeGracefully`).
     private var lingerTimer: Scheduled<Void>?
 
-    /// Calls accepted and not yet answered, by request id, with their method. The router
-    /// times them out and counts them (``EntitlementMethods/unary(_:_:_:codec:)``); this
-    /// transport only holds their place, for CANCEL, backpressure and the drain.
-    private var pending: [UInt64: MethodID] = [:]
+    /// A call whose answer comes later. The router times it out; a routed call has a scope
+    /// of its own, which CANCEL closes (the router then counts it CANCELLED and its queued
+    /// work is skipped); a check, the specialised path, is counted here.
+    private struct Pending {
+        var start: NIODeadline
+        /// The routed call's own scope; nil for a check.
+        var scope: ConnectionScope?
+    }
+
+    /// Calls accepted and not yet answered, by request id: held for CANCEL, backpressure
+    /// and the drain.
+    private var pending: [UInt64: Pending] = [:]
     /// The method and read time of the request being handled (set by `request(_:)`).
     private var current = (method: MethodID(rawValue: 0), start: NIODeadline.uptimeNanoseconds(0))
     /// Open WatchEntitlements streams by request id (not in `pending`: they never end on
@@ -116,7 +124,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        self.scope.close()  // calls still being worked on count as CANCELLED
+        self.scope.close()  // routed calls still being worked on count as CANCELLED
+        for call in self.pending.values where call.scope == nil {
+            self.methods.recordAnswers(.checkEntitlements, .cancelled, since: call.start)
+        }
         self.pending.removeAll()
         for watch in self.watches.values {
             watch.abandon()
@@ -328,13 +339,15 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// which applies the per-call rules.
     private func route(_ frame: Frame, deadline: NIODeadline?) {
         let requestID = frame.requestID
-        switch self.methods.unary(frame.method, frame.payload, self.callContext(deadline), codec: ProtobufCodec()) {
+        var call = self.callContext(deadline)
+        call.scope = ConnectionScope(within: self.scope)  // closed by a CANCEL of this call
+        switch self.methods.unary(frame.method, frame.payload, call, codec: .framed) {
         case .now(.success(let answer)):
             self.answer(requestID, answer)
         case .now(.failure(let error)):
             self.fail(requestID, error.status, error.message)
         case .later(let future):
-            self.accept(requestID)
+            self.accept(requestID, scope: call.scope)
             self.completeLater(requestID, future) { answer, buffer in
                 buffer.writeImmutableBuffer(answer)
                 return []
@@ -382,9 +395,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.answerCheck(requestID, answer)
             self.afterCompletion()
         case .now(.failure(let error)):
-            self.fail(requestID, error.status, error.message)
+            self.refuse(requestID, error.status, error.message)
         case .later(let future):
-            self.accept(requestID)
+            self.accept(requestID, scope: nil)
             self.completeLater(requestID, future) { answer, buffer in
                 answer.write(into: &buffer)
                 return answer.fromCache ? .fromCache : []
@@ -393,14 +406,15 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     /// Answers an accepted call when its result arrives (a call no longer pending, being
-    /// cancelled meanwhile, is dropped). The router has counted it and checked its size.
+    /// cancelled meanwhile, is dropped). The router has checked its size, and counted it
+    /// unless it is a check.
     private func completeLater<Value>(
         _ requestID: UInt64,
         _ future: EventLoopFuture<Result<Value, ServiceError>>,
         encode: @escaping (Value, inout ByteBuffer) -> FrameFlags
     ) {
         future.assumeIsolated().whenSuccess { result in
-            guard self.context != nil, self.pending.removeValue(forKey: requestID) != nil else {
+            guard self.context != nil, let call = self.pending.removeValue(forKey: requestID) else {
                 return
             }
             switch result {
@@ -410,17 +424,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 self.outgoing.writeFrame(.failure(id: requestID, status: error.status, message: error.message))
                 self.sendOutgoing()
             }
+            if call.scope == nil {
+                self.methods.recordAnswers(.checkEntitlements, result.status, since: call.start)
+            }
             self.afterCompletion()
         }
     }
 
     // MARK: Watch
-
-    /// Refuses a watch: a streaming call always ends with END_OF_STREAM.
-    private func refuseWatch(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
-        self.methods.recordAnswers(.watchEntitlements, status, since: self.current.start)
-        self.endWatch(requestID, status, message)
-    }
 
     private func endWatch(_ requestID: UInt64, _ status: StatusCode, _ message: String) {
         self.outgoing.writeFrame(Frame(type: .endOfStream, status: status, requestID: requestID, payload: ByteBuffer(string: message)))
@@ -428,13 +439,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     private func watch(_ frame: Frame) {
-        let request: WatchEntitlementsRequest
-        do {
-            request = try WatchEntitlementsRequest(buffer: frame.payload)
-        } catch {
-            self.refuseWatch(frame.requestID, .invalidArgument, "\(error)")
-            return
-        }
         let requestID = frame.requestID
         let deadline = frame.timeoutMicroseconds > 0 ? self.current.start + .microseconds(Int64(frame.timeoutMicroseconds)) : nil
         let sink = WatchSink(
@@ -449,13 +453,13 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 self.endWatch(requestID, status, message)
             }
         )
-        switch self.methods.watchEntitlements(request, self.callContext(deadline), sink: sink) {
+        switch self.methods.watch(frame.payload, self.callContext(deadline), codec: .framed, sink: sink) {
         case .success(let watch):
             if !watch.isFinished {
                 self.watches[requestID] = watch
             }
         case .failure(let error):
-            self.refuseWatch(requestID, error.status, error.message)
+            self.endWatch(requestID, error.status, error.message)  // counted by the router
         }
     }
 
@@ -464,8 +468,13 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             watch.cancel()
             return
         }
-        guard self.pending[requestID] != nil else {
+        guard let call = self.pending[requestID] else {
             return  // already answered, or never existed: harmless
+        }
+        if let scope = call.scope {
+            scope.close()  // the router counts it CANCELLED when its work ends
+        } else {
+            self.methods.recordAnswers(.checkEntitlements, .cancelled, since: call.start)
         }
         self.fail(requestID, .cancelled, "cancelled by the client")
     }
@@ -473,8 +482,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     // MARK: Answering
 
     /// Holds the place of a call whose answer comes later, and applies backpressure.
-    private func accept(_ requestID: UInt64) {
-        self.pending[requestID] = self.current.method
+    private func accept(_ requestID: UInt64, scope: ConnectionScope?) {
+        self.pending[requestID] = Pending(start: self.current.start, scope: scope)
         self.updateReading()
     }
 

@@ -89,9 +89,17 @@ def methods(tag):
 
 
 def json_body(message):
-    """A request in protobuf's JSON mapping (lowerCamelCase names, 64-bit integers as strings)."""
+    """A request in protobuf's JSON mapping (lowerCamelCase names, 64-bit integers as
+    strings); bytes are sent as they are."""
+    if isinstance(message, bytes):
+        return message
     from google.protobuf import json_format
     return json.dumps(json_format.MessageToDict(message)).encode()
+
+
+def protobuf(message):
+    """A request's protobuf bytes; bytes are sent as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 # MARK: Servers
@@ -108,7 +116,7 @@ class Server:
             ENT, "serve", "--data-dir", WORK + "/%s-data" % name, "--snapshot", WORK + "/seed.snap",
             "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
             "--auth-token-file", WORK + "/tokens", "--listen-anonymous", "none", "--unix-anonymous", "none",
-            "--grpc-anonymous", "none", "--max-batch", "100000", "--min-sequence-wait", "30s",
+            "--grpc-anonymous", "none", "--max-batch", "100000", "--min-sequence-wait", "3s",
         ] + extra, stdout=self.log, stderr=subprocess.STDOUT)
         text = ""
         for _ in range(300):
@@ -142,7 +150,10 @@ class Server:
         for method, status, value in re.findall(
                 r'^entitlements_requests_total\{method="(\w+)",status="(\w+)"\} (\S+)$', text, re.M):
             counts[(method, status)] += int(float(value))
-        return counts
+        latencies = {method: int(float(value)) for method, value in re.findall(
+            r'^entitlements_request_duration_seconds_count\{method="(\w+)"\} (\S+)$', text, re.M)}
+        in_flight = float(re.search(r"^entitlements_requests_in_flight (\S+)$", text, re.M).group(1))
+        return counts, latencies, in_flight
 
 
 # MARK: Transports: each calls one method and says (status, answer bytes or error message).
@@ -174,7 +185,7 @@ class Framed:
             out = b""
             if token:
                 out += self.frame(1, 1, 5, svc.AuthenticateRequest(token=token).SerializeToString())
-            out += self.frame(1, 2, method_id, message.SerializeToString(), int(timeout * 1e6) if timeout else 0)
+            out += self.frame(1, 2, method_id, protobuf(message), int(timeout * 1e6) if timeout else 0)
             sock.sendall(out)
             while True:
                 header = self.HEADER.unpack(self.read_exactly(sock, 24))
@@ -198,7 +209,7 @@ class GRPC:
     def call(self, method_name, message, token, timeout=None):
         metadata = [("authorization", "Bearer " + token)] if token else None
         path = SERVICE + method_name
-        serialize, parse = (lambda m: m.SerializeToString()), (lambda b: b)
+        serialize, parse = protobuf, (lambda b: b)
         try:
             if method_name == "WatchEntitlements":
                 stream = self.channel.unary_stream(path, request_serializer=serialize, response_deserializer=parse)
@@ -211,57 +222,88 @@ class GRPC:
             return error.code().name, error.details()
 
 
+def h2_request(port, context, path, headers, body, end=True, reset=False):
+    """One request on a new HTTP/2 connection (hyper-h2): its response headers and
+    trailers merged (names as text), and its data. `end=False` sends the headers and body
+    but never ends the request; `reset=True` resets the stream once it is sent and returns
+    (None, None) after a PING round trip, so the server has seen the reset."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+    if context:
+        context.set_alpn_protocols(["h2"])
+        raw = context.wrap_socket(raw, server_hostname="localhost")
+    try:
+        connection = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        connection.initiate_connection()
+        connection.send_headers(1, [(":method", "POST"), (":scheme", "https" if context else "http"), (":path", path),
+                                    (":authority", "localhost")] + headers)
+        # A body larger than the flow-control window goes out as the window opens.
+        sent, response, data = 0, {}, b""
+        if not body and end:
+            connection.end_stream(1)
+        while True:
+            window = min(connection.local_flow_control_window(1), connection.max_outbound_frame_size)
+            while sent < len(body) and window > 0:
+                piece = body[sent:sent + window]
+                sent += len(piece)
+                connection.send_data(1, piece, end_stream=end and sent == len(body))
+                window = min(connection.local_flow_control_window(1), connection.max_outbound_frame_size)
+            if reset is True and sent == len(body):
+                connection.reset_stream(1)
+                connection.ping(b"12345678")
+                reset = "sent"
+            raw.sendall(connection.data_to_send())
+            chunk = raw.recv(65536)
+            if not chunk:
+                raise AssertionError("the server closed the connection")
+            for event in connection.receive_data(chunk):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    response.update({k.decode(): v.decode() for k, v in event.headers})
+                elif isinstance(event, h2.events.DataReceived):
+                    connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    data += event.data
+                elif isinstance(event, h2.events.StreamEnded):
+                    return response, data
+                elif isinstance(event, h2.events.PingAckReceived) and reset == "sent":
+                    return None, None
+                elif isinstance(event, h2.events.StreamReset) and reset != "sent":
+                    raise AssertionError("the server reset the stream")
+    finally:
+        raw.close()
+
+
 class JSONOverHTTP2:
-    """Connect-style JSON calls on HTTP/2 streams (hyper-h2), one connection per call."""
+    """Connect-style JSON calls on HTTP/2 streams, one connection per call."""
 
     def __init__(self, name, port, context):
         self.name, self.port, self.context = name, port, context
 
     def call(self, method_name, message, token, timeout=None):
-        raw = socket.create_connection(("127.0.0.1", self.port), timeout=30)
-        if self.context:
-            self.context.set_alpn_protocols(["h2"])
-            raw = self.context.wrap_socket(raw, server_hostname="localhost")
-        try:
-            connection = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-            connection.initiate_connection()
-            headers = [(":method", "POST"), (":scheme", "https" if self.context else "http"),
-                       (":path", SERVICE + method_name), (":authority", "localhost"),
-                       ("content-type", "application/json")]
-            if token:
-                headers.append(("authorization", "Bearer " + token))
-            if timeout:
-                headers.append(("connect-timeout-ms", str(int(timeout * 1000))))
-            body = json_body(message)
-            connection.send_headers(1, headers)
-            # Bodies larger than the flow-control window go out as the window opens.
-            sent, status, data = 0, None, b""
-            while True:
-                window = min(connection.local_flow_control_window(1), connection.max_outbound_frame_size)
-                while sent < len(body) and window > 0:
-                    piece = body[sent:sent + window]
-                    connection.send_data(1, piece, end_stream=sent + len(piece) == len(body))
-                    sent += len(piece)
-                    window = min(connection.local_flow_control_window(1), connection.max_outbound_frame_size)
-                if not body and sent == 0:
-                    connection.end_stream(1)
-                    sent = -1
-                raw.sendall(connection.data_to_send())
-                chunk = raw.recv(65536)
-                if not chunk:
-                    raise AssertionError("the server closed the connection")
-                for event in connection.receive_data(chunk):
-                    if isinstance(event, h2.events.ResponseReceived):
-                        status = int(dict(event.headers)[b":status"])
-                    elif isinstance(event, h2.events.DataReceived):
-                        connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                        data += event.data
-                    elif isinstance(event, h2.events.StreamEnded):
-                        return json_answer(status, data)
-                    elif isinstance(event, h2.events.StreamReset):
-                        raise AssertionError("the server reset the stream")
-        finally:
-            raw.close()
+        headers = [("content-type", "application/json")]
+        if token:
+            headers.append(("authorization", "Bearer " + token))
+        if timeout:
+            headers.append(("connect-timeout-ms", str(int(timeout * 1000))))
+        response, data = h2_request(self.port, self.context, SERVICE + method_name, headers, json_body(message))
+        return json_answer(int(response[":status"]), data)
+
+
+class GRPCOverHTTP2:
+    """gRPC by hand, for what grpcio will not do: a server deadline the client does not
+    race, a body that never ends, an empty or compressed message."""
+
+    def __init__(self, name, port, context):
+        self.name, self.port, self.context = name, port, context
+
+    def call(self, method_name, message, token, timeout=None, end=True, framing=None):
+        headers = [("content-type", "application/grpc"), ("te", "trailers")]
+        if token:
+            headers.append(("authorization", "Bearer " + token))
+        if timeout:
+            headers.append(("grpc-timeout", "%dm" % int(timeout * 1000)))
+        payload = protobuf(message)
+        body = framing if framing is not None else b"\x00" + len(payload).to_bytes(4, "big") + payload
+        response, _ = h2_request(self.port, self.context, SERVICE + method_name, headers, body, end=end)
+        return STATUS[int(response["grpc-status"])], response.get("grpc-message", "")
 
 
 class JSONOverHTTP1:
@@ -311,13 +353,21 @@ def transports(server):
 
     door = "127.0.0.1:%d" % server.door
     if server.tls:
-        credentials = grpc.ssl_channel_credentials(root_certificates=open(WORK + "/ca.pem", "rb").read())
+        with open(WORK + "/ca.pem", "rb") as ca:
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca.read())
         return [Framed("framed TLS", tls),
                 GRPC("gRPC TLS", "localhost:%d" % server.door, credentials),
                 JSONOverHTTP2("JSON HTTP/2 TLS", server.door, server.ssl_context()),
                 JSONOverHTTP1("JSON HTTPS/1.1", server.door, server.ssl_context())]
     return [Framed("framed TCP", tcp), Framed("framed Unix", unix), GRPC("gRPC", door, None),
             JSONOverHTTP2("JSON HTTP/2", server.door, None), JSONOverHTTP1("JSON HTTP/1.1", server.door, None)]
+
+
+def limit_transports(server):
+    """The transports for the limits: grpcio replaced by gRPC by hand, whose client does
+    not race the server's deadline."""
+    return [GRPCOverHTTP2(t.name, server.door, server.ssl_context() if server.tls else None) if isinstance(t, GRPC) else t
+            for t in transports(server)]
 
 
 def is_json(transport):
@@ -391,37 +441,130 @@ class EveryDoor(unittest.TestCase):
         # over it in both.
         message = svc.BatchCheckEntitlementsRequest(user_ids=["u%07d" % i for i in range(60_000)], at=AT)
         for server in self.servers:
-            for transport in transports(server):
+            for transport in limit_transports(server):
                 with self.subTest(server=server.name, transport=transport.name):
                     status, said = self.call(server, transport, "BatchCheckEntitlements", 2, message, CHECK_TOKEN)
                     self.assertEqual(status, "RESOURCE_EXHAUSTED", said)
                     self.assertIn("an answer carries at most 1048576", said)
 
+    def test_2b_permission_before_the_request_is_read(self):
+        # A payload that does not decode: refused for its missing permission first.
+        garbage = {False: b"\xff\xff\xff", True: b"{not json"}
+        for server in self.servers:
+            for transport in limit_transports(server):
+                for credential, token, want in [("none", None, "UNAUTHENTICATED"), ("check", CHECK_TOKEN, "INVALID_ARGUMENT")]:
+                    with self.subTest(server=server.name, transport=transport.name, credential=credential):
+                        status, said = self.call(server, transport, "CheckEntitlements", 1, garbage[is_json(transport)], token)
+                        self.assertEqual(status, want, said)
+            # gRPC's own framing: no message at all, and a compressed one.
+            grpc_by_hand = GRPCOverHTTP2("gRPC by hand", server.door, server.ssl_context() if server.tls else None)
+            for framing, allowed in [(b"", "INVALID_ARGUMENT"), (b"\x01\x00\x00\x00\x00", "UNIMPLEMENTED")]:
+                for credential, token, want in [("none", None, "UNAUTHENTICATED"), ("check", CHECK_TOKEN, allowed)]:
+                    with self.subTest(server=server.name, framing=framing, credential=credential):
+                        status, said = grpc_by_hand.call("CheckEntitlements", b"", token, framing=framing)
+                        self.record(server, "CheckEntitlements", status, grpc_by_hand)
+                        self.assertEqual(status, want, said)
+
     def test_3_deadline_on_every_transport(self):
-        # A sequence the server never reaches (--min-sequence-wait is 30 s): only the call's
-        # own 200 ms deadline can end it.
+        # A sequence the server does not reach within --min-sequence-wait (3 s): only the
+        # call's own 200 ms deadline can end it sooner.
         message = svc.CheckEntitlementsRequest(user_id="user-1", min_log_sequence=10**12)
         for server in self.servers:
-            for transport in transports(server):
+            for transport in limit_transports(server):
                 with self.subTest(server=server.name, transport=transport.name):
                     status, said = self.call(server, transport, "CheckEntitlements", 1, message, CHECK_TOKEN, timeout=0.2)
                     self.assertEqual(status, "DEADLINE_EXCEEDED", said)
+                    self.assertIn("the deadline passed before the answer was ready", said)
+
+    def test_3b_deadline_while_the_request_arrives(self):
+        # Headers with a 200 ms deadline and a body that never ends.
+        for server in self.servers:
+            context = server.ssl_context() if server.tls else None
+            grpc_by_hand = GRPCOverHTTP2("gRPC by hand", server.door, context)
+            status, said = grpc_by_hand.call("CheckEntitlements", svc.CheckEntitlementsRequest(user_id="user-1"),
+                                             CHECK_TOKEN, timeout=0.2, end=False)
+            self.record(server, "CheckEntitlements", status, grpc_by_hand)
+            self.assertEqual((status, said), ("DEADLINE_EXCEEDED", "the deadline passed before the request arrived in full"))
+            response, data = h2_request(server.door, context, SERVICE + "CheckEntitlements",
+                                        [("content-type", "application/json"), ("authorization", "Bearer " + CHECK_TOKEN),
+                                         ("connect-timeout-ms", "200")], b'{"userId": ', end=False)
+            self.expected_counts[server.name][("CheckEntitlements", "DEADLINE_EXCEEDED")] += 1
+            self.assertEqual(json_answer(int(response[":status"]), data),
+                             ("DEADLINE_EXCEEDED", "the deadline passed before the request arrived in full"))
+            # HTTP/1.1: a Content-Length the body never reaches; answered, then closed.
+            sock = socket.create_connection(("127.0.0.1", server.door), timeout=30)
+            if server.tls:
+                sock = server.ssl_context().wrap_socket(sock, server_hostname="localhost")
+            sock.sendall(("POST %sCheckEntitlements HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                          "Authorization: Bearer %s\r\nConnect-Timeout-Ms: 200\r\nContent-Length: 100\r\n\r\n{" % (SERVICE, CHECK_TOKEN)).encode())
+            received = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+            sock.close()
+            self.expected_counts[server.name][("CheckEntitlements", "DEADLINE_EXCEEDED")] += 1
+            self.assertTrue(received.startswith(b"HTTP/1.1 504"), received)
+            self.assertIn(b"the deadline passed before the request arrived in full", received)
+
+    def test_3c_cancelled_calls(self):
+        # Calls that wait (min_log_sequence) and are cancelled: each counts once, CANCELLED.
+        waiting_check = svc.CheckEntitlementsRequest(user_id="user-1", min_log_sequence=10**12)
+        waiting_batch = svc.BatchCheckEntitlementsRequest(user_ids=["user-1"], min_log_sequence=10**12)
+        for server in self.servers:
+            # Framed: CANCEL of a check (the specialised path) and of a batch (routed).
+            framed = [t for t in transports(server) if isinstance(t, Framed)][0]
+            sock = framed.connect()
+            sock.settimeout(30)
+            sock.sendall(framed.frame(1, 1, 5, svc.AuthenticateRequest(token=CHECK_TOKEN).SerializeToString())
+                         + framed.frame(1, 2, 1, waiting_check.SerializeToString())
+                         + framed.frame(1, 3, 2, waiting_batch.SerializeToString())
+                         + framed.frame(5, 2) + framed.frame(5, 3))
+            answers = {}
+            while len(answers) < 3:
+                _, _, kind, _, status, _, request_id, _, length = Framed.HEADER.unpack(Framed.read_exactly(sock, 24))
+                Framed.read_exactly(sock, length)
+                answers[request_id] = STATUS[status]
+            sock.close()
+            self.assertEqual(answers, {1: "OK", 2: "CANCELLED", 3: "CANCELLED"})
+            counts = self.expected_counts[server.name]
+            counts[("Authenticate", "OK")] += 1
+            counts[("CheckEntitlements", "CANCELLED")] += 1
+            counts[("BatchCheckEntitlements", "CANCELLED")] += 1
+            # HTTP/2: a stream reset while its call waits, gRPC and JSON.
+            context = server.ssl_context() if server.tls else None
+            body = waiting_check.SerializeToString()
+            h2_request(server.door, context, SERVICE + "CheckEntitlements",
+                       [("content-type", "application/grpc"), ("te", "trailers"), ("authorization", "Bearer " + CHECK_TOKEN)],
+                       b"\x00" + len(body).to_bytes(4, "big") + body, reset=True)
+            h2_request(server.door, context, SERVICE + "CheckEntitlements",
+                       [("content-type", "application/json"), ("authorization", "Bearer " + CHECK_TOKEN)],
+                       json_body(waiting_check), reset=True)
+            counts[("CheckEntitlements", "CANCELLED")] += 2
 
     def test_4_every_call_counted_once(self):
-        # After the others (unittest runs them in name order): /metrics counted each call once.
+        # After the others (unittest runs them in name order): once nothing is in flight
+        # (the cancelled calls end within --min-sequence-wait), /metrics has counted each
+        # call once, and the latency histogram each answered call.
         for server in self.servers:
             with self.subTest(server=server.name):
-                counted = server.metrics()
-                # grpcio ends a call at its own deadline too, and resets the stream: the
-                # server counts such a call CANCELLED or DEADLINE_EXCEEDED, whichever it
-                # saw first. Either is one count.
-                late = ("CheckEntitlements", "DEADLINE_EXCEEDED")
-                counted[late] += counted.pop(("CheckEntitlements", "CANCELLED"), 0)
+                for _ in range(100):
+                    counted, latencies, in_flight = server.metrics()
+                    if in_flight == 0:
+                        break
+                    time.sleep(0.1)
+                self.assertEqual(in_flight, 0, "calls still in flight 10 s after the last one")
                 expected = self.expected_counts[server.name]
                 self.assertTrue(expected, "no calls were made")
                 wrong = ["%s %s: counted %d, made %d" % (key + (counted.get(key, 0), expected.get(key, 0)))
                          for key in sorted(set(counted) | set(expected)) if counted.get(key, 0) != expected.get(key, 0)]
                 self.assertEqual(wrong, [], "entitlements_requests_total differs from the calls made")
+                per_method = Counter()
+                for (method, _), count in counted.items():
+                    per_method[method] += count
+                self.assertEqual({m: c for m, c in latencies.items() if c}, {m: c for m, c in per_method.items() if c},
+                                 "the latency histogram's counts differ from entitlements_requests_total")
 
 if __name__ == "__main__":
     program = unittest.main(argv=[sys.argv[0], "-v"], exit=False)

@@ -38,19 +38,40 @@ extension GrantEntitlementRequest: ServiceRequest {}
 extension RevokeGrantRequest: ServiceRequest {}
 extension LinkAliasRequest: ServiceRequest {}
 extension DeleteCustomerRequest: ServiceRequest {}
+extension WatchEntitlementsRequest: ServiceRequest {}
 
-/// Protobuf requests and answers: the framed protocol's payloads and gRPC's messages.
+/// Protobuf requests and answers: the framed protocol's payloads, or gRPC's
+/// length-prefixed messages.
 public struct ProtobufCodec: CallCodec {
-    /// Bytes left at the front of every encoded answer for the transport's own header
-    /// (gRPC's 5-byte message prefix), so that the answer is not copied to add it.
-    public var reservedPrefix: Int
+    /// Whether bodies and answers carry gRPC's message prefix (a compression flag and a
+    /// 4-byte length: https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md).
+    /// An answer is encoded with its prefix in place, so that it is never copied to add one.
+    public var grpcFraming: Bool
 
-    public init(reservedPrefix: Int = 0) {
-        self.reservedPrefix = reservedPrefix
+    public init(grpcFraming: Bool) {
+        self.grpcFraming = grpcFraming
     }
 
     public func decode<Request: ServiceRequest>(_ type: Request.Type, from body: ByteBuffer) throws -> Request {
-        try Request(buffer: body)
+        try Request(buffer: self.grpcFraming ? try Self.message(in: body) : body)
+    }
+
+    /// The one message of a unary gRPC request body.
+    public static func message(in body: ByteBuffer) throws(ServiceError) -> ByteBuffer {
+        var body = body
+        guard let flag = body.readInteger(as: UInt8.self), let length = body.readInteger(as: UInt32.self) else {
+            throw ServiceError(.invalidArgument, "the request has no message: a unary call carries exactly one")
+        }
+        guard flag == 0 else {
+            throw ServiceError(.unimplemented, "the request message is compressed (flag \(flag)); this server reads uncompressed messages only")
+        }
+        guard let message = body.readSlice(length: Int(length)) else {
+            throw ServiceError(.invalidArgument, "the request message is cut short: \(length) bytes announced, \(body.readableBytes) sent")
+        }
+        guard body.readableBytes == 0 else {
+            throw ServiceError(.invalidArgument, "the request has more than one message: a unary call carries exactly one")
+        }
+        return message
     }
 
     public func encode(_ answer: CheckAnswer) -> ByteBuffer {
@@ -73,18 +94,33 @@ public struct ProtobufCodec: CallCodec {
         try self.encoded { try answer.serialize(into: &$0) }
     }
 
+    /// A message as gRPC sends it: the prefix, then the message.
+    public static func grpcMessage(_ message: ByteBuffer) -> ByteBuffer {
+        ProtobufCodec(grpcFraming: true).encoded { $0.writeImmutableBuffer(message) }
+    }
+
     public func byteCount(of encoded: ByteBuffer) -> Int {
-        encoded.readableBytes - self.reservedPrefix
+        encoded.readableBytes - (self.grpcFraming ? 5 : 0)
     }
 
     private func encoded(_ write: (inout ByteBuffer) throws -> Void) rethrows -> ByteBuffer {
         var buffer = ByteBuffer()
-        if self.reservedPrefix > 0 {
-            buffer.writeRepeatingByte(0, count: self.reservedPrefix)
+        guard self.grpcFraming else {
+            try write(&buffer)
+            return buffer
         }
+        buffer.writeRepeatingByte(0, count: 5)
         try write(&buffer)
+        buffer.setInteger(UInt32(buffer.readableBytes - 5), at: 1)  // flag 0: not compressed
         return buffer
     }
+}
+
+extension CallCodec where Self == ProtobufCodec {
+    /// The framed protocol's codec.
+    public static var framed: ProtobufCodec { ProtobufCodec(grpcFraming: false) }
+    /// gRPC's codec.
+    public static var grpc: ProtobufCodec { ProtobufCodec(grpcFraming: true) }
 }
 
 /// The largest answer a call may carry: 1 MiB, what every client accepts by default
@@ -121,29 +157,64 @@ extension CheckAnswer {
 
 // MARK: - The router
 
-/// The one way into the service's unary methods, for every transport (docs/architecture.md,
+/// The one way into the service's methods, for every transport (docs/architecture.md,
 /// "One set of rules"). A transport finds the method, makes the call's ``CallContext`` and
 /// supplies its ``CallCodec``; the router applies the rules every call obeys, in this order:
 ///
 /// 1. the method exists and is unary (else UNIMPLEMENTED);
-/// 2. the caller may call it (``authorize(_:_:)``: UNAUTHENTICATED or PERMISSION_DENIED);
-/// 3. the request decodes (else INVALID_ARGUMENT with the decoder's reason), and the
+/// 2. the caller may call it (``authorize(_:_:)``: UNAUTHENTICATED or PERMISSION_DENIED),
+///    whatever the request holds;
+/// 3. the call's deadline has not passed already (else DEADLINE_EXCEEDED, nothing run);
+/// 4. the request decodes (else INVALID_ARGUMENT with the decoder's reason), and the
 ///    method runs;
-/// 4. the answer is encoded and fits ``AnswerLimit`` (else RESOURCE_EXHAUSTED);
-/// 5. an answer not ready by the call's deadline is DEADLINE_EXCEEDED, at the deadline;
-/// 6. the call counts in `entitlements_requests_in_flight` while it waits, and once in
+/// 5. the encoded answer fits ``AnswerLimit`` (else RESOURCE_EXHAUSTED);
+/// 6. an answer not ready by the call's deadline is DEADLINE_EXCEEDED, at the deadline;
+/// 7. the call counts in `entitlements_requests_in_flight` while it waits, and once in
 ///    `entitlements_requests_total` and the latency histogram when its answer is ready
-///    (CANCELLED when its caller went away meanwhile).
+///    (CANCELLED when its caller went away or cancelled it meanwhile: its scope closed).
 ///
-/// The framed protocol's CheckEntitlements is the one specialised path (``check(_:_:)``):
-/// its answer is written in place, and answers ready at once are counted a read at a time.
+/// WatchEntitlements takes rules 2 to 4 (``watch(_:_:codec:sink:)``; a stream's timeout
+/// bounds the stream). The framed protocol's CheckEntitlements is the one specialised path
+/// (``check(_:_:)-(ByteBuffer,_)``): its answer is written in place, and it is counted by
+/// that transport.
 extension EntitlementMethods {
     /// Runs the unary `method` on `body`, read and answered with `codec`.
     public func unary<Codec: CallCodec>(_ method: MethodID, _ body: ByteBuffer, _ call: CallContext, codec: Codec) -> MethodResult<Codec.Encoded> {
-        if let refusal = Self.unaryRefusal(method) ?? self.authorize(method, call) {
+        if let refusal = Self.unaryRefusal(method) ?? self.authorize(method, call) ?? Self.expired(call) {
             return self.accounted(method, .now(.failure(refusal)), call)
         }
         return self.accounted(method, self.dispatch(method, body, call, codec: codec), call)
+    }
+
+    /// WatchEntitlements: the permission, the deadline and the request, then the stream.
+    /// A refusal is counted here (a stream that ran is not an answered call).
+    public func watch<Codec: CallCodec>(_ body: ByteBuffer, _ call: CallContext, codec: Codec, sink: WatchSink) -> Result<WatchStream, ServiceError> {
+        let result: Result<WatchStream, ServiceError>
+        if let refusal = self.authorize(.watchEntitlements, call) ?? Self.expired(call) {
+            result = .failure(refusal)
+        } else {
+            do {
+                result = self.watchEntitlements(try codec.decode(WatchEntitlementsRequest.self, from: body), call, sink: sink)
+            } catch let error as ServiceError {
+                result = .failure(error)
+            } catch {
+                result = .failure(ServiceError(.invalidArgument, "\(error)"))
+            }
+        }
+        if case .failure(let error) = result {
+            self.recordAnswers(.watchEntitlements, error.status, since: call.start)
+        }
+        return result
+    }
+
+    /// DEADLINE_EXCEEDED when the call's deadline has passed before it runs (its request
+    /// arrived late): nothing is started for it. One clock reading, for calls with a deadline.
+    @inline(__always)
+    private static func expired(_ call: CallContext) -> ServiceError? {
+        guard let deadline = call.deadline, deadline <= .now() else {
+            return nil
+        }
+        return ServiceError(.deadlineExceeded, "the deadline passed before the call started")
     }
 
     /// Why `method` is not a unary call of this service, or nil.
@@ -189,6 +260,8 @@ extension EntitlementMethods {
             default:
                 return .failure(.internalError, "\(method) passed the router's check but has no handler")
             }
+        } catch let error as ServiceError {
+            return .now(.failure(error))  // a transport's framing (gRPC's prefix)
         } catch {
             return .failure(.invalidArgument, "\(error)")
         }
@@ -235,41 +308,37 @@ extension EntitlementMethods {
     // MARK: The framed check
 
     /// CheckEntitlements, its request in protobuf, for a transport that writes the answer
-    /// itself (the framed protocol's hot path): the rules of ``unary(_:_:_:codec:)``,
-    /// except that an answer ready at once is neither encoded nor counted here. The
-    /// transport writes it in place, holds it to ``AnswerLimit``, and counts a read's such
-    /// answers together (``recordAnswers(_:_:count:since:)``).
+    /// itself (the framed protocol's hot path): rules 2 to 6 of the router, with no
+    /// encoding. An answer ready at once comes back as it is; one ready later comes held to
+    /// ``AnswerLimit`` and to the deadline, and in the in-flight gauge while it waits. The
+    /// transport writes it in place, holds an answer ready at once to ``AnswerLimit``, and
+    /// counts every such check (``recordAnswers(_:_:count:since:)``): a read's answers
+    /// together, and a check its client cancels as CANCELLED when it does.
     @inline(__always)
     public func check(_ payload: ByteBuffer, _ call: CallContext) -> MethodResult<CheckAnswer> {
-        if let refusal = self.authorize(.checkEntitlements, call) {
-            return self.accounted(.checkEntitlements, .now(.failure(refusal)), call)
+        if let refusal = self.authorize(.checkEntitlements, call) ?? Self.expired(call) {
+            return .now(.failure(refusal))
         }
         let request: CheckEntitlementsRequest
         do {
             request = try CheckEntitlementsRequest(buffer: payload)
         } catch {
-            return self.accounted(.checkEntitlements, .failure(.invalidArgument, "\(error)"), call)
+            return .failure(.invalidArgument, "\(error)")
         }
-        return self.permittedCheck(request, call)
-    }
-
-    /// CheckEntitlements, decoded, as ``check(_:_:)-(ByteBuffer,_)`` answers it (the
-    /// permission checked here too).
-    @inline(__always)
-    public func check(_ request: CheckEntitlementsRequest, _ call: CallContext) -> MethodResult<CheckAnswer> {
-        if let refusal = self.authorize(.checkEntitlements, call) {
-            return self.accounted(.checkEntitlements, .now(.failure(refusal)), call)
-        }
-        return self.permittedCheck(request, call)
-    }
-
-    @inline(__always)
-    private func permittedCheck(_ request: CheckEntitlementsRequest, _ call: CallContext) -> MethodResult<CheckAnswer> {
         let result = self.checkEntitlements(request, call)
-        if case .now(.success) = result {
+        guard case .later = result else {
             return result
         }
-        return self.accounted(.checkEntitlements, Self.limited(result), call)
+        return self.timed(Self.limited(result), call) { _ in }
+    }
+
+    /// A CheckEntitlements from inside the server (tests, tools): the permission, then the
+    /// method, not counted as a call.
+    public func check(_ request: CheckEntitlementsRequest, _ call: CallContext) -> MethodResult<CheckAnswer> {
+        if let refusal = self.authorize(.checkEntitlements, call) {
+            return .now(.failure(refusal))
+        }
+        return self.checkEntitlements(request, call)
     }
 
     /// A later check's answer held to ``AnswerLimit`` before it is counted (the transport
@@ -287,22 +356,41 @@ extension EntitlementMethods {
 
     // MARK: Deadlines and metrics
 
-    /// Applies rules 5 and 6 to a method's result.
+    /// Applies rules 6 and 7 to a method's result.
     func accounted<Value: Sendable>(_ method: MethodID, _ result: MethodResult<Value>, _ call: CallContext) -> MethodResult<Value> {
         switch result {
         case .now(let result):
             self.recordAnswers(method, Self.status(of: result), since: call.start)
             return .now(result)
-        case .later(let future):
+        case .later:
             let metrics = self.services.metrics
-            metrics.inFlight.increment()
-            let answered = call.deadline.map { Self.byDeadline(future, $0, on: call.eventLoop) } ?? future
-            return .later(answered.map { result in
-                metrics.inFlight.decrement()
-                metrics.answered(method, call.scope.isClosed ? .cancelled : Self.status(of: result), since: call.start)
-                return result
-            })
+            let (scope, start) = (call.scope, call.start)
+            return self.timed(result, call) { result in
+                metrics.answered(method, scope.isClosed ? .cancelled : result.status, since: start)
+            }
         }
+    }
+
+    /// A later result bound by the call's deadline (rule 6) and in the in-flight gauge until
+    /// it is ready; `ready` sees it then.
+    private func timed<Value: Sendable>(
+        _ result: MethodResult<Value>,
+        _ call: CallContext,
+        ready: @escaping @Sendable (Result<Value, ServiceError>) -> Void
+    ) -> MethodResult<Value> {
+        guard case .later(let future) = result else {
+            return result
+        }
+        let metrics = self.services.metrics
+        metrics.inFlight.increment()
+        let answered = call.deadline.map { Self.byDeadline(future, $0, on: call.eventLoop) } ?? future
+        // The methods' futures carry failures as values; one that failed anyway is still
+        // answered (and leaves the gauge).
+        return .later(answered.recover { .failure(ServiceError(.internalError, "\($0)")) }.map { result in
+            metrics.inFlight.decrement()
+            ready(result)
+            return result
+        })
     }
 
     /// `future`'s result, or DEADLINE_EXCEEDED at `deadline` if it is not ready by then
@@ -334,7 +422,14 @@ extension EntitlementMethods {
     }
 
     private static func status<Value>(of result: Result<Value, ServiceError>) -> StatusCode {
-        switch result {
+        result.status
+    }
+}
+
+extension Result where Failure == ServiceError {
+    /// The status a call with this result answers.
+    public var status: StatusCode {
+        switch self {
         case .success: .ok
         case .failure(let error): error.status
         }

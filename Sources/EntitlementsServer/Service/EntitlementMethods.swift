@@ -212,8 +212,8 @@ public final class EntitlementMethods: Sendable {
         .success(self.probeHealth(draining: context.draining))
     }
 
-    /// Health without a permission check: for the admin listener's probes only (every
-    /// caller of the service reaches Health through ``unary(_:_:_:codec:)``, which checks).
+    /// Health without a permission check or a call: what a probe reads (every caller of the
+    /// service reaches Health through ``unary(_:_:_:codec:)``, which checks).
     public func probeHealth(draining: Bool = false) -> HealthResponse {
         HealthResponse(
             status: self.isServing(draining: draining) ? .serving : .notServing,
@@ -305,10 +305,8 @@ public final class EntitlementMethods: Sendable {
 
     /// WatchEntitlements: opens a stream that sends through `sink` until it ends (by the
     /// server, or `WatchStream.cancel`). A refused watch sends nothing and calls nothing.
-    public func watchEntitlements(_ request: WatchEntitlementsRequest, _ context: CallContext, sink: WatchSink) -> Result<WatchStream, ServiceError> {
-        if let refused = self.authorize(.watchEntitlements, context) {
-            return .failure(refused)
-        }
+    /// The per-call rules are the router's (``watch(_:_:codec:sink:)``).
+    func watchEntitlements(_ request: WatchEntitlementsRequest, _ context: CallContext, sink: WatchSink) -> Result<WatchStream, ServiceError> {
         var request = request
         if request.allCustomers {
             request.userIds = []  // ignored when all_customers is set (service.proto)

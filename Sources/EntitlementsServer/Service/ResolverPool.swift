@@ -305,16 +305,27 @@ final class ResolverCore {
 /// Whether the connection a check came from is still open. Work queued on another loop for
 /// a connection that has closed is skipped (answered ``CheckOutcome/stopping``, which
 /// nobody reads): a client that times out and goes away does not leave its checks behind.
+///
+/// A scope may belong to another (one call's, within its connection's): it is closed when
+/// either is, so that a call its client cancels is skipped like one whose connection closed.
 public final class ConnectionScope: Sendable {
     private let closed = Atomic<Bool>(false)
+    private let parent: ConnectionScope?
     /// Who the caller is (its address, or `unix`), for logs.
     public let peer: String
 
     public init(peer: String = "") {
         self.peer = peer
+        self.parent = nil
     }
 
-    public var isClosed: Bool { self.closed.load(ordering: .relaxed) }
+    /// One call's scope within `parent`'s.
+    public init(within parent: ConnectionScope) {
+        self.peer = parent.peer
+        self.parent = parent
+    }
+
+    public var isClosed: Bool { self.closed.load(ordering: .relaxed) || self.parent?.isClosed == true }
 
     /// The caller has gone: work still queued for it is skipped.
     public func close() {

@@ -18,6 +18,7 @@ let package = Package(
         .library(name: "EntitlementsResolver", targets: ["EntitlementsResolver"]),
         .library(name: "EntitlementsFormats", targets: ["EntitlementsFormats"]),
         .library(name: "EntitlementsStore", targets: ["EntitlementsStore"]),
+        .library(name: "EntitlementsCache", targets: ["EntitlementsCache"]),
         .library(name: "EntitlementsTools", targets: ["EntitlementsTools"]),
         .library(name: "EntitlementsServer", targets: ["EntitlementsServer"]),
         .library(name: "EntitlementsClient", targets: ["EntitlementsClient"]),
@@ -96,14 +97,28 @@ let package = Package(
             dependencies: ["EntitlementsMessages"],
             swiftSettings: swiftSettings
         ),
-        // What the service answers from: the snapshot file and the LRU cache of answers.
-        // Storage only: no networking.
+        // What the service answers from: the snapshot file, the write-ahead log and the
+        // customers' store. Storage only: no networking, no cache.
         .target(
             name: "EntitlementsStore",
             dependencies: [
                 "CEntitlementsShim",
                 "EntitlementsMessages",
                 "EntitlementsResolver",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The cache of encoded answers each resolver keeps (Window TinyLFU or LRU), its
+        // warm-up from a snapshot, and the peek at a check's key in protobuf bytes. No I/O
+        // but the warm-up's snapshot reads.
+        .target(
+            name: "EntitlementsCache",
+            dependencies: [
+                "CEntitlementsShim",
+                "EntitlementsMessages",
+                "EntitlementsResolver",
+                "EntitlementsStore",
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
@@ -124,6 +139,7 @@ let package = Package(
         .target(
             name: "EntitlementsServer",
             dependencies: [
+                "EntitlementsCache",
                 "EntitlementsSecurity",
                 "EntitlementsFormats",
                 "EntitlementsMessages",
@@ -221,6 +237,7 @@ let package = Package(
         .executableTarget(
             name: "entitlements",
             dependencies: [
+                "EntitlementsCache",
                 "EntitlementsMessages",
                 "EntitlementsWire",
                 "EntitlementsResolver",
@@ -288,8 +305,22 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "EntitlementsCacheTests",
+            dependencies: [
+                "EntitlementsCache",
+                "EntitlementsStore",
+                "EntitlementsMessages",
+                "EntitlementsResolver",
+                "EntitlementsTools",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "EntitlementsServerTests",
             dependencies: [
+                "EntitlementsCache",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

@@ -1,4 +1,5 @@
 public import EntitlementsSecurity
+public import EntitlementsCache
 public import EntitlementsStore
 import EntitlementsWire
 public import Logging
@@ -206,7 +207,7 @@ public final class EntitlementsServer: Sendable {
     /// Reads the values metrics take at scrape time (cache counters from every resolver,
     /// the snapshot, the log) into ``ServerMetrics``.
     public func refreshMetrics() async {
-        var total = LRUCache.Statistics()
+        var total = AnswerCache.Statistics()
         for resolver in self.pool.resolvers {
             total = total + (await resolver.cacheStatistics)
         }

@@ -1,4 +1,5 @@
 public import EntitlementsSecurity
+public import EntitlementsCache
 public import EntitlementsStore
 public import EntitlementsWire
 public import NIOCore
@@ -61,8 +62,8 @@ public struct ServerConfiguration: Sendable {
     /// (docs/architecture.md, "Cold reads").
     public var coldReads = ColdReadSettings()
     /// What a full cache keeps (docs/architecture.md, "What a full cache keeps"). Default
-    /// ``LRUCache/Policy/tinyLFU``.
-    public var cachePolicy: LRUCache.Policy = .tinyLFU
+    /// ``AnswerCache/Policy/tinyLFU``.
+    public var cachePolicy: AnswerCache.Policy = .tinyLFU
     /// The Unix socket file's owner and group ids; nil keeps the server's.
     public var unixSocketOwner: UInt32?
     public var unixSocketGroup: UInt32?

@@ -1,4 +1,5 @@
 public import CoreMetrics
+import EntitlementsCache
 import EntitlementsStore
 public import EntitlementsWire
 import Metrics
@@ -55,7 +56,7 @@ public final class ServerMetrics: Sendable {
     private let factory: any MetricsFactory
     /// The cache counters at the previous refresh: Prometheus counters only go up, so each
     /// refresh adds what happened since.
-    private let lastCache = Mutex(LRUCache.Statistics())
+    private let lastCache = Mutex(AnswerCache.Statistics())
     private let snapshotLabel = Mutex<(String, Meter)?>(nil)
     /// Refused calls and connections by listener and reason, made the first time each
     /// pair happens; and when each pair was last logged.
@@ -148,7 +149,7 @@ public final class ServerMetrics: Sendable {
     }
 
     /// Sets the values read at scrape time: the caches, the snapshot, the log.
-    func refresh(cache: LRUCache.Statistics, coldReads: ColdReads.Statistics, store: CustomerStore, now: Int64, isReady: Bool) {
+    func refresh(cache: AnswerCache.Statistics, coldReads: ColdReads.Statistics, store: CustomerStore, now: Int64, isReady: Bool) {
         let previousCold = self.lastColdReads.withLock { last in
             defer { last = coldReads }
             return last

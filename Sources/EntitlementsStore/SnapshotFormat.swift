@@ -39,7 +39,8 @@ public enum KeyHash {
         return key.withUTF8 { Self.hash($0) }
     }
 
-    static func hash(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64 {
+    /// The hash of a key's UTF-8 bytes (what the peek at a request's user id reads).
+    public static func hash(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64 {
         var hash: UInt64 = 0xCBF2_9CE4_8422_2325
         for byte in bytes {
             hash ^= UInt64(byte)

@@ -3,6 +3,7 @@ import EntitlementsFleet
 import EntitlementsIngestion
 import EntitlementsSecurity
 import EntitlementsServer
+import EntitlementsCache
 import EntitlementsStore
 import Foundation
 import Logging
@@ -471,8 +472,8 @@ struct ServeSettings {
         return configuration
     }
 
-    func cachePolicy() throws -> LRUCache.Policy {
-        guard let policy = LRUCache.Policy(rawValue: self.text("cache-policy") ?? "") else {
+    func cachePolicy() throws -> AnswerCache.Policy {
+        guard let policy = AnswerCache.Policy(rawValue: self.text("cache-policy") ?? "") else {
             throw ValidationError("\(self.origin("cache-policy")) must be tinylfu or lru, got \"\(self.text("cache-policy") ?? "")\"")
         }
         return policy

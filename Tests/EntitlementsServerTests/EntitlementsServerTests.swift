@@ -2,6 +2,7 @@ import EntitlementsClient
 import EntitlementsMessages
 import EntitlementsResolver
 import EntitlementsServer
+import EntitlementsCache
 import EntitlementsStore
 import EntitlementsWire
 import Foundation
@@ -316,7 +317,7 @@ struct EntitlementsServerTests {
         var forwarded = 0  // aliases whose customer the other resolver owns
         for index in 0..<40 where mixed.count < 48 {
             let record = try #require(try fixture.snapshot.customer(for: "user-\(index)"))
-            for alias in record.aliases.prefix(1) where LRUCache.shardIndex(for: alias, shardCount: 2) != LRUCache.shardIndex(for: record.id!, shardCount: 2) {
+            for alias in record.aliases.prefix(1) where AnswerCache.shardIndex(for: alias, shardCount: 2) != AnswerCache.shardIndex(for: record.id!, shardCount: 2) {
                 forwarded += 1
             }
             mixed += record.aliases.prefix(1) + [record.id!]
@@ -334,7 +335,7 @@ struct EntitlementsServerTests {
         var found: (record: CustomerRecord, alias: String)?
         for index in 40..<400 where found == nil {
             if let record = try fixture.snapshot.customer(for: "user-\(index)"),
-                let alias = record.aliases.first(where: { LRUCache.shardIndex(for: $0, shardCount: 2) == LRUCache.shardIndex(for: record.id!, shardCount: 2) })
+                let alias = record.aliases.first(where: { AnswerCache.shardIndex(for: $0, shardCount: 2) == AnswerCache.shardIndex(for: record.id!, shardCount: 2) })
             {
                 found = (record, alias)
             }

@@ -1,6 +1,7 @@
 import Dispatch
 import EntitlementsMessages
 import EntitlementsResolver
+import EntitlementsCache
 import EntitlementsStore
 import NIOCore
 import NIOPosix
@@ -170,7 +171,7 @@ struct ColdReader: Sendable {
         guard let record, let canonical = customerId ?? record.id else {
             return .unknown(sequence: sequence)
         }
-        let owner = LRUCache.shardIndex(for: canonical, shardCount: self.shardCount)
+        let owner = AnswerCache.shardIndex(for: canonical, shardCount: self.shardCount)
         guard owner == self.shard else {
             return .elsewhere(owner: owner, customerId: canonical)
         }

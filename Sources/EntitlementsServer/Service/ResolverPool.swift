@@ -1,5 +1,6 @@
 public import EntitlementsMessages
 import EntitlementsResolver
+public import EntitlementsCache
 public import EntitlementsStore
 public import NIOCore
 import Synchronization
@@ -75,7 +76,7 @@ public actor ResolverActor {
     /// The state and the rules, usable only on `eventLoop` (checked on each access).
     nonisolated let core: NIOLoopBoundBox<ResolverCore>
 
-    init(reader: ColdReader, inline: Bool, eventLoop: any EventLoop, cache: LRUCache) {
+    init(reader: ColdReader, inline: Bool, eventLoop: any EventLoop, cache: AnswerCache) {
         self.eventLoop = eventLoop
         self.core = .makeBoxSendingValue(
             ResolverCore(reader: reader, inline: inline, cache: cache),
@@ -84,7 +85,7 @@ public actor ResolverActor {
     }
 
     /// The cache's counters.
-    public var cacheStatistics: LRUCache.Statistics { self.core.value.cache.statistics }
+    public var cacheStatistics: AnswerCache.Statistics { self.core.value.cache.statistics }
 
     /// This resolver's customers by last use, for a new snapshot's hot list.
     func recency() -> [(customerId: String, lastUsed: Int64)] {
@@ -106,7 +107,7 @@ final class ResolverCore {
     var shardCount: Int { self.reader.shardCount }
     /// Misses are read on this loop, waiting for the disk if need be (no cold-read threads).
     let inline: Bool
-    private(set) var cache: LRUCache
+    private(set) var cache: AnswerCache
     /// alias -> canonical id, learnt from store reads, so that a repeated alias check
     /// costs no store read. Bounded: cleared when it reaches `aliasLimit`. A write that
     /// moves or removes an alias makes every resolver forget it before it is acknowledged.
@@ -118,7 +119,7 @@ final class ResolverCore {
     /// Cold reads under way, by the key they were asked under.
     var pendingReads: [CacheKey: PendingRead] = [:]
 
-    init(reader: ColdReader, inline: Bool, cache: LRUCache) {
+    init(reader: ColdReader, inline: Bool, cache: AnswerCache) {
         self.reader = reader
         self.inline = inline
         self.cache = cache
@@ -130,14 +131,14 @@ final class ResolverCore {
             return elsewhere
         }
         let key = query.key(customerId: canonical)
-        return self.lookUp(query, canonical: canonical, key: key, hash: LRUCache.hash(of: key))
+        return self.lookUp(query, canonical: canonical, key: key, hash: AnswerCache.hash(of: key))
     }
 
     /// Checks `queries` at `indices` (a batch's share), in that order, as ``check(_:)``
     /// would one by one; `cold` is called at once with the index of each that must be read
     /// on the cold-read threads (so that a later check of the same key waits for that read).
     /// Each key is made and hashed once, and the memory all the lookups will read is
-    /// prefetched before the first (``LRUCache/prefetch(hashes:)``), so that the batch's
+    /// prefetched before the first (``AnswerCache/prefetch(hashes:)``), so that the batch's
     /// memory misses overlap.
     func check(_ queries: [CheckQuery], at indices: [Int], cold: (Int) -> Void) -> [CheckOutcome] {
         let keys = indices.map { index in
@@ -146,7 +147,7 @@ final class ResolverCore {
         }
         return withUnsafeTemporaryAllocation(of: UInt32.self, capacity: keys.count) { hashes in
             for (position, entry) in keys.enumerated() {
-                hashes.initializeElement(at: position, to: LRUCache.hash(of: entry.key))
+                hashes.initializeElement(at: position, to: AnswerCache.hash(of: entry.key))
             }
             self.cache.prefetch(hashes: UnsafeBufferPointer(hashes))
             return indices.indices.map { position in
@@ -157,7 +158,7 @@ final class ResolverCore {
                     // customer, as a check after that read would be.
                     canonical = learnt
                     key = query.key(customerId: learnt)
-                    hash = LRUCache.hash(of: key)
+                    hash = AnswerCache.hash(of: key)
                 }
                 let outcome = self.unanswerable(query, canonical: canonical) ?? self.lookUp(query, canonical: canonical, key: key, hash: hash)
                 if case .cold = outcome {
@@ -180,7 +181,7 @@ final class ResolverCore {
         if let deadline = query.deadline, NIODeadline.now() >= deadline {
             return .deadlineExceeded
         }
-        let owner = LRUCache.shardIndex(for: canonical, shardCount: self.shardCount)
+        let owner = AnswerCache.shardIndex(for: canonical, shardCount: self.shardCount)
         guard owner == self.shard else {
             // An alias learnt earlier, of another resolver's customer: no store read here.
             return .forward(shard: owner, customerId: canonical)
@@ -217,7 +218,7 @@ final class ResolverCore {
             return .deadlineExceeded
         }
         let key = query.key(customerId: customerId)
-        return self.lookUp(query, canonical: customerId, key: key, hash: LRUCache.hash(of: key), readAs: customerId)
+        return self.lookUp(query, canonical: customerId, key: key, hash: AnswerCache.hash(of: key), readAs: customerId)
     }
 
     /// A miss read on this loop: at once if the snapshot's pages are in memory (or if there
@@ -358,13 +359,13 @@ public final class ResolverPool: Sendable {
         eventLoops: [any EventLoop],
         store: CustomerStore,
         cacheBytes: Int,
-        cachePolicy: LRUCache.Policy = .tinyLFU,
+        cachePolicy: AnswerCache.Policy = .tinyLFU,
         warmAt instant: Int64,
         coldReads: ColdReadSettings = .inline
     ) throws {
         precondition(count > 0 && !eventLoops.isEmpty)
         let resolver = EntitlementResolver(catalog: store.catalog)
-        var shards = (0..<count).map { _ in LRUCache(budgetBytes: cacheBytes / count, policy: cachePolicy) }
+        var shards = (0..<count).map { _ in AnswerCache(budgetBytes: cacheBytes / count, policy: cachePolicy) }
         // Before the server listens: no write can land while the caches warm.
         self.warmup = try CacheWarmer.warm(
             &shards,
@@ -398,7 +399,7 @@ public final class ResolverPool: Sendable {
     /// The resolver that first handles `userId` (the owner of the customer if it is a
     /// customer id; an alias is forwarded once its customer is known).
     func resolver(for userId: String) -> ResolverActor {
-        self.resolvers[LRUCache.shardIndex(for: userId, shardCount: self.resolvers.count)]
+        self.resolvers[AnswerCache.shardIndex(for: userId, shardCount: self.resolvers.count)]
     }
 
     /// Runs `query` on its resolver and, for an alias of another resolver's customer, on
@@ -511,7 +512,7 @@ public final class ResolverPool: Sendable {
     ) {
         var byShard = [[Int]](repeating: [], count: self.resolvers.count)
         for (index, query) in queries.enumerated() {
-            byShard[LRUCache.shardIndex(for: query.userId, shardCount: self.resolvers.count)].append(index)
+            byShard[AnswerCache.shardIndex(for: query.userId, shardCount: self.resolvers.count)].append(index)
         }
         // Shares for other loops go first, so that they run while this loop does its own.
         let nonEmpty = byShard.enumerated().filter { !$0.element.isEmpty }

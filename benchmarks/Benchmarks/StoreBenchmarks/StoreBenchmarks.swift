@@ -1,6 +1,7 @@
 import Benchmark
 import EntitlementsMessages
 import EntitlementsResolver
+import EntitlementsCache
 import EntitlementsStore
 import EntitlementsTools
 import Foundation
@@ -30,7 +31,7 @@ let benchmarks: @Sendable () -> Void = {
     let keys = ids.map { CacheKey(customerId: $0) }
 
     // 4,096 entries, all resident: the cost of the hit path itself.
-    var warmCache = LRUCache(budgetBytes: 256 << 20)
+    var warmCache = AnswerCache(budgetBytes: 256 << 20)
     for id in ids {
         warmCache.insert(try! CachedAnswer(resolver.resolve(try! reader.customer(for: id), at: now), resolvedAt: now), for: CacheKey(customerId: id), at: now)
     }
@@ -54,7 +55,7 @@ let benchmarks: @Sendable () -> Void = {
     Benchmark("miss.snapshot+resolve+encode+insert") { benchmark in
         // Small: most lookups miss and evict. LRU, so that every insert evicts: with the
         // default policy and no lookups to count, newcomers would be dropped on a tie instead.
-        var cache = LRUCache(budgetBytes: 1 << 20, policy: .lru)
+        var cache = AnswerCache(budgetBytes: 1 << 20, policy: .lru)
         var buffer = ByteBuffer()
         buffer.reserveCapacity(4_096)
         var index = 0

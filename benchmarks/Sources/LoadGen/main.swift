@@ -23,6 +23,7 @@
 // of a 4-byte big-endian key length, the key, a 4-byte value length, the value).
 import EntitlementsMessages
 import EntitlementsResolver
+import EntitlementsCache
 import EntitlementsStore
 import EntitlementsWire
 import Foundation

@@ -5,6 +5,7 @@
 //   StoreProbe SNAPSHOT CACHE_BYTES LOOKUPS [ZIPF_EXPONENT] [SHARDS] [tinylfu|lru]
 import EntitlementsMessages
 import EntitlementsResolver
+import EntitlementsCache
 import EntitlementsStore
 import Foundation
 import NIOCore
@@ -82,7 +83,7 @@ guard arguments.count >= 4, let budget = Int(arguments[2]), let lookups = Int(ar
 }
 let exponent = arguments.count > 4 ? Double(arguments[4]) ?? 0.99 : 0.99
 let shardCount = arguments.count > 5 ? Int(arguments[5]) ?? 2 : 2
-guard let policy = LRUCache.Policy(rawValue: arguments.count > 6 ? arguments[6] : "tinylfu") else {
+guard let policy = AnswerCache.Policy(rawValue: arguments.count > 6 ? arguments[6] : "tinylfu") else {
     print("StoreProbe: the cache policy is tinylfu or lru")
     exit(2)
 }
@@ -96,7 +97,7 @@ let afterOpen = residentBytes()
 let customers = Int(reader.header.recordCount)
 let resolver = EntitlementResolver(catalog: reader.catalog)
 let instant = Int64(Date().timeIntervalSince1970 * 1_000)
-var shards = (0..<shardCount).map { _ in LRUCache(budgetBytes: budget / shardCount, policy: policy) }
+var shards = (0..<shardCount).map { _ in AnswerCache(budgetBytes: budget / shardCount, policy: policy) }
 
 start = clock.now
 let warm = try CacheWarmer.warm(&shards, from: reader, resolver: resolver, at: instant)
@@ -114,7 +115,7 @@ buffer.reserveCapacity(4_096)
 start = clock.now
 for _ in 0..<lookups {
     let id = "user-\(zipf.next(using: &random) - 1)"
-    let shard = LRUCache.shardIndex(for: id, shardCount: shardCount)
+    let shard = AnswerCache.shardIndex(for: id, shardCount: shardCount)
     let key = CacheKey(customerId: id)
     let began = clock.now
     buffer.clear()

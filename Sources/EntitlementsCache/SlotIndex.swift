@@ -5,7 +5,7 @@ import CEntitlementsShim
 /// cache line holds eight) and then the slot's node, where the key is compared; a
 /// `Dictionary<CacheKey, Int32>` read a 32-byte key and a value from two arrays, two cache
 /// lines where this reads one, and its bucket cannot be prefetched from the hash alone as
-/// this one's can (``LRUCache/prefetch(hashes:)``). Removal shifts the entries after it back
+/// this one's can (``AnswerCache/prefetch(hashes:)``). Removal shifts the entries after it back
 /// (no tombstones), so a probe never walks past what is gone.
 ///
 /// The index does not hold keys: the caller confirms a candidate slot with `matches`.

@@ -1,4 +1,5 @@
 import CEntitlementsShim
+import EntitlementsStore
 
 /// A cache of answers, bounded by bytes. O(1) lookup, insertion and eviction: an
 /// open-addressing index from key to slot (``SlotIndex``), and doubly linked recency lists
@@ -15,7 +16,7 @@ import CEntitlementsShim
 ///
 /// An entry is served only while it is exact: for instants in [resolvedAt, validUntil).
 /// A lookup at or after validUntil removes the entry (an expiration) and misses.
-public struct LRUCache: Sendable {
+public struct AnswerCache: Sendable {
     /// What the cache has done since it was created.
     public struct Statistics: Sendable, Hashable {
         /// Lookups answered from the cache.
@@ -31,9 +32,9 @@ public struct LRUCache: Sendable {
         public var rejections: UInt64 = 0
         /// Entries inserted or replaced.
         public var insertions: UInt64 = 0
-        /// Entries whose memory ``LRUCache/prefetch(hashes:)`` asked the CPU to load.
+        /// Entries whose memory ``AnswerCache/prefetch(hashes:)`` asked the CPU to load.
         public var prefetched: UInt64 = 0
-        /// Bytes accounted to current entries (see ``LRUCache/entryOverhead``).
+        /// Bytes accounted to current entries (see ``AnswerCache/entryOverhead``).
         public var bytes: Int = 0
         /// Current entries.
         public var entries: Int = 0
@@ -109,7 +110,7 @@ public struct LRUCache: Sendable {
         var nextOfCustomer: Int32 = -1
         /// The key's hash in ``SlotIndex`` (kept to find the entry again on removal).
         var hash: UInt32 = 0
-        /// The answer's byte count, for ``LRUCache/prefetch(hashes:)``.
+        /// The answer's byte count, for ``AnswerCache/prefetch(hashes:)``.
         var answerBytes: Int32 = 0
         /// The list the entry is on.
         var segment: Segment = .window

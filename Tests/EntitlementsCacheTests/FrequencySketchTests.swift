@@ -1,6 +1,6 @@
 import Testing
 
-@testable import EntitlementsStore
+@testable import EntitlementsCache
 
 @Suite("frequency sketch")
 struct FrequencySketchTests {

@@ -1,5 +1,6 @@
 public import EntitlementsMessages
 public import EntitlementsResolver
+public import EntitlementsStore
 
 /// Fills the cache shards from a snapshot's hot list before the server reports ready.
 public enum CacheWarmer {
@@ -22,7 +23,7 @@ public enum CacheWarmer {
     /// shard, until the hot list or the shards' room runs out. Nothing is evicted: the
     /// hottest customers are the ones that stay, in hot-list recency order.
     public static func warm(
-        _ shards: inout [LRUCache],
+        _ shards: inout [AnswerCache],
         from snapshot: SnapshotReader,
         resolver: EntitlementResolver,
         at instant: Int64
@@ -33,7 +34,7 @@ public enum CacheWarmer {
     /// Warms `shards` from `hotList`, reading each customer's current record with `lookup`
     /// (the snapshot with the log's writes applied, for a server with a data directory).
     public static func warm(
-        _ shards: inout [LRUCache],
+        _ shards: inout [AnswerCache],
         hotList: [String],
         lookup: (String) throws -> CustomerRecord?,
         resolver: EntitlementResolver,
@@ -48,7 +49,7 @@ public enum CacheWarmer {
                 report.stoppedFull = true
                 break
             }
-            let shard = LRUCache.shardIndex(for: id, shardCount: shards.count)
+            let shard = AnswerCache.shardIndex(for: id, shardCount: shards.count)
             guard !full[shard] else {
                 report.customersSkipped += 1
                 continue
@@ -62,7 +63,7 @@ public enum CacheWarmer {
             if shards[shard].insertIfRoom(answer, for: key, at: instant) {
                 report.customersCached += 1
                 // No entry is smaller than the overhead: a shard with less room is full.
-                if !shards[shard].hasRoom(for: LRUCache.entryOverhead) {
+                if !shards[shard].hasRoom(for: AnswerCache.entryOverhead) {
                     full[shard] = true
                     fullCount += 1
                 }
@@ -81,11 +82,11 @@ public enum CacheWarmer {
 
     /// The hot list for a new snapshot: customers of all shards by their last use, most
     /// recent first, each once.
-    public static func hotList(of shards: [LRUCache], limit: Int = 1_000_000) -> [String] {
+    public static func hotList(of shards: [AnswerCache], limit: Int = 1_000_000) -> [String] {
         Self.hotList(merging: shards.map { $0.recency() }, limit: limit)
     }
 
-    /// Merges the shards' ``LRUCache/recency()`` lists into one hot list.
+    /// Merges the shards' ``AnswerCache/recency()`` lists into one hot list.
     public static func hotList(merging recencies: [[(customerId: String, lastUsed: Int64)]], limit: Int = 1_000_000) -> [String] {
         var merged = recencies.flatMap { $0 }
         merged.sort { $0.lastUsed > $1.lastUsed }

@@ -1,10 +1,11 @@
 import EntitlementsMessages
+import EntitlementsStore
 
 /// Where the cached answer to an encoded CheckEntitlementsRequest would be, read from its
 /// bytes without decoding the message: the hash the cache files its key under and the
 /// hash that picks its shard. The framed connection takes these for every check of a read
 /// before it handles them one by one, to prefetch their cache entries together
-/// (``LRUCache/prefetch(hashes:)``).
+/// (``AnswerCache/prefetch(hashes:)``).
 ///
 /// A hint, nothing more: requests with an entitlement filter, an unknown environment or
 /// anything unexpected give nil, and an alias hashes as itself (its customer's entry is

@@ -1,7 +1,7 @@
 import CEntitlementsShim
 
 /// How often keys were asked for, approximately and in little memory: the frequency
-/// estimate behind the cache's admission policy (``LRUCache/Policy/tinyLFU``).
+/// estimate behind the cache's admission policy (``AnswerCache/Policy/tinyLFU``).
 ///
 /// A count-min sketch of 4-bit counters (TinyLFU: Einziger, Friedman and Manes, "TinyLFU:
 /// A Highly Efficient Cache Admission Policy", ACM Transactions on Storage, 2017). A key
@@ -91,7 +91,7 @@ struct FrequencySketch {
     }
 
     /// Starts loading the key's block into the CPU's cache, without waiting: for a batch
-    /// that records several keys (``LRUCache/prefetch(hashes:)``).
+    /// that records several keys (``AnswerCache/prefetch(hashes:)``).
     func prefetch(_ hash: UInt32) {
         self.table.withUnsafeBufferPointer { table in
             ent_prefetch(UnsafeRawPointer(table.baseAddress! + self.start + self.place(hash).block))

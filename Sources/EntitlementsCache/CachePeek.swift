@@ -21,7 +21,7 @@ public struct CachePeek: Sendable {
     /// id longer than `longestUserId` bytes (one the check refuses: not hashed) or bytes
     /// that do not parse give nil.
     public init?(checkRequest payload: UnsafeRawBufferPointer, longestUserId: Int) {
-        var reader = Reader(bytes: payload)
+        var reader = ProtobufReader(bytes: payload)
         var userId: Range<Int>?
         var environment = Environment.production
         while !reader.isAtEnd {
@@ -61,37 +61,5 @@ public struct CachePeek: Sendable {
         CacheKey.combine(customerId: id, environment: environment, filter: [], into: &hasher)
         self.hash = UInt32(truncatingIfNeeded: hasher.finalize())
         self.shardHash = KeyHash.hash(id.assumingMemoryBound(to: UInt8.self))
-    }
-
-    private struct Reader {
-        let bytes: UnsafeRawBufferPointer
-        var position = 0
-
-        var isAtEnd: Bool { self.position >= self.bytes.count }
-
-        mutating func varint() -> UInt64? {
-            var value: UInt64 = 0
-            for shift in stride(from: 0, to: 64, by: 7) {
-                guard self.position < self.bytes.count else {
-                    return nil
-                }
-                let byte = self.bytes[self.position]
-                self.position += 1
-                value |= UInt64(byte & 0x7F) << UInt64(shift)
-                if byte < 0x80 {
-                    return value
-                }
-            }
-            return nil
-        }
-
-        mutating func lengthDelimited() -> Range<Int>? {
-            guard let length = self.varint(), length <= UInt64(self.bytes.count - self.position) else {
-                return nil
-            }
-            let range = self.position..<(self.position + Int(length))
-            self.position = range.upperBound
-            return range
-        }
     }
 }

@@ -1,6 +1,6 @@
-import EntitlementsCache
 import EntitlementsMessages
 import EntitlementsSecurity
+import EntitlementsCache
 import EntitlementsStore
 import EntitlementsWire
 import NIOCore
@@ -182,22 +182,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         bytes.withUnsafeReadableBytes { raw in
             withUnsafeTemporaryAllocation(of: CachePeek.self, capacity: Self.prefetchLimit) { peeks in
                 var count = 0
-                var offset = 0
-                while count < Self.prefetchLimit, raw.count - offset >= Frame.headerSize {
-                    // The header's type (byte 3), method (6 and 7) and payload length (20 to 23).
-                    let length = Int(UInt32(bigEndian: raw.loadUnaligned(fromByteOffset: offset + 20, as: UInt32.self)))
-                    guard length <= raw.count - offset - Frame.headerSize else {
-                        break
-                    }
-                    let start = offset + Frame.headerSize
-                    if raw[offset + 3] == FrameType.request.rawValue,
-                        UInt16(raw[offset + 6]) << 8 | UInt16(raw[offset + 7]) == MethodID.checkEntitlements.rawValue,
-                        let peek = CachePeek(checkRequest: UnsafeRawBufferPointer(rebasing: raw[start..<(start + length)]), longestUserId: Validation.maximumUserIdBytes)
+                FramePeek.forEachComplete(in: raw) { frame in
+                    if frame.isRequest(.checkEntitlements),
+                        let peek = CachePeek(checkRequest: frame.payload, longestUserId: Validation.maximumUserIdBytes)
                     {
                         peeks.initializeElement(at: count, to: peek)
                         count += 1
                     }
-                    offset = start + length
+                    return count < Self.prefetchLimit
                 }
                 if count > 1 {
                     self.methods.prefetch(UnsafeBufferPointer(rebasing: peeks[..<count]))

@@ -1,6 +1,6 @@
-public import EntitlementsCache
 public import EntitlementsMessages
 public import EntitlementsSecurity
+public import EntitlementsCache
 public import EntitlementsStore
 public import EntitlementsWire
 public import NIOCore
@@ -546,16 +546,14 @@ public struct BatchCheckAnswer: Sendable {
     public var requestDate: Int64
     public var staleForMilliseconds: UInt64
 
-    /// Writes the encoded BatchCheckEntitlementsResponse.
+    /// Writes the encoded BatchCheckEntitlementsResponse: each user's answer as its
+    /// `results` field (1), as a single check's.
     public func write(into buffer: inout ByteBuffer) {
         var single = ByteBuffer()
         for (userId, (answer, customerId)) in zip(self.userIds, self.answers) {
             single.clear()
             answer.writeResponse(userId: userId, customerId: customerId, requestDate: self.requestDate, staleForMilliseconds: self.staleForMilliseconds, into: &single)
-            // results (field 1) of BatchCheckEntitlementsResponse: tag, length, message.
-            Self.writeVarint(1 << 3 | 2, into: &buffer)
-            Self.writeVarint(UInt64(single.readableBytes), into: &buffer)
-            buffer.writeImmutableBuffer(single)
+            buffer.writeProtobufField(1, single)
         }
     }
 
@@ -564,15 +562,6 @@ public struct BatchCheckAnswer: Sendable {
         var buffer = ByteBuffer()
         self.write(into: &buffer)
         return try BatchCheckEntitlementsResponse(buffer: buffer)
-    }
-
-    private static func writeVarint(_ value: UInt64, into buffer: inout ByteBuffer) {
-        var value = value
-        while value >= 0x80 {
-            buffer.writeInteger(UInt8(truncatingIfNeeded: value) | 0x80)
-            value >>= 7
-        }
-        buffer.writeInteger(UInt8(value))
     }
 }
 

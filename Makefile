@@ -81,6 +81,7 @@ generate: deps
 
 check-generated: deps
 	codegen/generate.sh --check
+	python3 dev/module-graph.py --check
 
 build: deps
 	$(SWIFT) build

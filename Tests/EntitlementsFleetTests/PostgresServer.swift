@@ -86,8 +86,9 @@ final class PostgresServer: @unchecked Sendable {
     }
 
     /// Runs a program to its end with posix_spawn and waitpid (Foundation's Process did not
-    /// always reap its child under the test runner), its output in a file: the postmaster
-    /// `pg_ctl start` leaves running would hold a pipe open forever.
+    /// always reap its child under the test runner), its output in a file, no other
+    /// descriptor inherited: the postmaster `pg_ctl start` leaves running would hold a pipe
+    /// open forever.
     private static func spawn(_ command: [String]) throws -> (Int32, String) {
         let outputPath = NSTemporaryDirectory() + "pg-output-\(UUID().uuidString)"
         defer { unlink(outputPath) }
@@ -97,6 +98,11 @@ final class PostgresServer: @unchecked Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        // Nothing else is inherited: the postmaster outlives this call, and a pipe another
+        // test had open at the moment (its child's output, read to the end) would stay open
+        // in it, so that test's read would never end. Seen: protoc's and openssl's readers
+        // blocked for good, holding the test runner's threads.
+        closeInheritedDescriptors(&actions)
         var arguments = command.map { strdup($0) } + [nil]
         defer { arguments.forEach { free($0) } }
         var pid: pid_t = 0
@@ -162,3 +168,15 @@ struct PostgresFixtureError: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }
 }
+
+/// Adds "close every descriptor from 3 up" to a spawn's actions (glibc 2.34's
+/// posix_spawn_file_actions_addclosefrom_np, which Swift's Glibc module does not export):
+/// a child that outlives the call must not hold another test's pipe open.
+func closeInheritedDescriptors(_ actions: inout posix_spawn_file_actions_t) {
+    typealias CloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+    guard let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") else {
+        return  // an older C library: nothing to add
+    }
+    _ = unsafeBitCast(symbol, to: CloseFrom.self)(&actions, 3)
+}
+

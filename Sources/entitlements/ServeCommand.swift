@@ -318,7 +318,7 @@ struct ServeCommand: AsyncParsableCommand {
             .init(service: signalHandler, successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
         ]
         if security.tokens != nil || security.tls != nil {
-            let reloader = CredentialReloader(tokens: security.tokens, tls: security.tls, signals: await UnixSignalsSequence(trapping: .sighup), metrics: metrics, say: Self.say)
+            let reloader = CredentialReloader(tokens: security.tokens, tls: security.tls, signals: await UnixSignalsSequence(trapping: .sighup), failures: metrics.reloadFailures, say: Self.say)
             services.append(.init(service: reloader, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
         }
         if let fleet {
@@ -330,7 +330,7 @@ struct ServeCommand: AsyncParsableCommand {
         var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .nanoseconds(drainTimeout.nanoseconds)
         let group = ServiceGroup(configuration: groupConfiguration)
-        signalHandler.group.withLock { $0 = group }
+        signalHandler.attach(group)
         var cancelledBySignal = false
         do {
             try await group.run()
@@ -449,27 +449,6 @@ struct ServeCommand: AsyncParsableCommand {
     }
 }
 
-/// Where serve is in its life, for /readyz.
-final class Readiness: Sendable {
-    enum State: Sendable {
-        case starting, ready, draining
-    }
-
-    private let current = Mutex(State.starting)
-
-    func set(_ state: State) {
-        self.current.withLock { $0 = state }
-    }
-
-    func state() -> (ready: Bool, reason: String) {
-        switch self.current.withLock({ $0 }) {
-        case .starting: (false, "starting: opening the snapshot, replaying the log, warming the cache")
-        case .ready: (true, "ready")
-        case .draining: (false, "draining: shutting down")
-        }
-    }
-}
-
 /// The server once started, for the metrics endpoint (which exists before it), and in
 /// fleet mode its tailer.
 final class RunningServer: Sendable {
@@ -497,191 +476,11 @@ final class RunningServer: Sendable {
         self.server.map { self.configuration.staleness(of: $0.store) != nil } ?? false
     }
 
-    /// /readyz: the lifecycle's answer, and in fleet mode how current this server is. A
-    /// fleet server that cannot reach PostgreSQL stays ready, serving what it applied,
-    /// unless it is past --max-staleness with --stale-policy closed (docs/fleet.md,
-    /// "Staleness"); the body says how stale.
+    /// /readyz: the lifecycle's answer, and in fleet mode how current this server is.
     func describe(_ state: (ready: Bool, reason: String)) -> (ready: Bool, reason: String) {
         guard let status = self.fleet?.status else {
             return state
         }
-        let now = WallClock.unixMilliseconds()
-        let since = status.lastSuccessfulPoll.map { String(format: "%.1f s ago", Double(now - $0) / 1000) } ?? "never"
-        var text = "\(state.reason); fleet: applied sequence \(status.appliedSequence) of \(status.headSequence), last successful poll \(since)"
-        if let error = status.lastError {
-            text += "; last poll failed: \(error)"
-        }
-        guard self.isStale else {
-            return (state.ready, text)
-        }
-        switch self.configuration.stalePolicy {
-        case .open:
-            return (state.ready, text + "; stale (past --max-staleness): answers are flagged stale")
-        case .closed:
-            return (false, text + "; stale (past --max-staleness) and --stale-policy closed: checks are refused")
-        }
-    }
-}
-
-/// Fleet mode's gauges (docs/operations.md, "Metrics"), set at each scrape.
-struct FleetMetrics: Sendable {
-    private let applied: Meter
-    private let head: Meter
-    private let sincePoll: Meter
-    private let failures: Meter
-    private let stale: Meter
-
-    init(factory: any MetricsFactory) {
-        self.applied = Meter(label: "entitlements_fleet_applied_sequence", factory: factory)
-        self.head = Meter(label: "entitlements_fleet_head_sequence", factory: factory)
-        self.sincePoll = Meter(label: "entitlements_fleet_seconds_since_poll", factory: factory)
-        self.failures = Meter(label: "entitlements_fleet_poll_failures", factory: factory)
-        self.stale = Meter(label: "entitlements_fleet_stale", factory: factory)
-    }
-
-    func refresh(_ status: FleetTailer.Status, stale: Bool) {
-        self.stale.set(stale ? 1 : 0)
-        self.applied.set(Int(status.appliedSequence))
-        self.head.set(Int(status.headSequence))
-        let since = status.lastSuccessfulPoll.map { Double(WallClock.unixMilliseconds() - $0) / 1000 } ?? -1
-        self.sincePoll.set(since)
-        self.failures.set(status.failuresInARow)
-    }
-}
-
-/// SIGTERM and SIGINT, trapped from before the listeners open: the first starts the
-/// ServiceGroup's graceful shutdown (the drain), the second fails this service, which
-/// cancels the group, which cuts the drain short.
-final class SignalHandler: Service, Sendable {
-    struct SecondSignal: Error {}
-
-    private let signals: UnixSignalsSequence
-    /// The group to shut down; set once it exists (it is made with this service in it).
-    let group = Mutex<ServiceGroup?>(nil)
-
-    init(signals: UnixSignalsSequence) {
-        self.signals = signals
-    }
-
-    func run() async throws {
-        try await withThrowingTaskGroup(of: Void.self) { tasks in
-            tasks.addTask {
-                var seen = 0
-                for await _ in self.signals {
-                    seen += 1
-                    if seen == 1 {
-                        await self.group.withLock { $0 }?.triggerGracefulShutdown()
-                    } else {
-                        throw SecondSignal()
-                    }
-                }
-            }
-            tasks.addTask {
-                // Asked to stop (after the server's drain, which is shut down first).
-                try await gracefulShutdown()
-            }
-            try await tasks.next()
-            tasks.cancelAll()
-        }
-    }
-}
-
-/// Fleet mode's tailer as a service: it runs until the graceful shutdown, or until the
-/// change log can no longer be followed (then the group shuts down and serve exits 1).
-final class FleetService: Service, Sendable {
-    let tailer: FleetTailer
-    let database: FleetDatabase
-    private let logger: Logger
-    private let failed = Mutex<FleetError?>(nil)
-
-    init(tailer: FleetTailer, database: FleetDatabase, logger: Logger) {
-        self.tailer = tailer
-        self.database = database
-        self.logger = logger
-    }
-
-    /// Why tailing stopped, if it failed.
-    var failure: FleetError? { self.failed.withLock { $0 } }
-
-    func run() async throws {
-        do {
-            try await cancelWhenGracefulShutdown {
-                try await self.tailer.run()
-            }
-        } catch is CancellationError {
-            return
-        } catch {
-            self.failed.withLock { $0 = error as? FleetError ?? FleetError(.local, "\(error)") }
-            self.logger.error("fleet: cannot follow the change log: \(error)")
-            throw error
-        }
-    }
-}
-
-/// Reloads the token file when it changes (checked every second) and the token file and
-/// TLS files on SIGHUP. A file that cannot be used is reported and the old one kept
-/// (counted in entitlements_auth_reload_failures_total).
-final class CredentialReloader: Service, Sendable {
-    private let tokens: AccessTokens?
-    private let tls: ServerTLS?
-    private let signals: UnixSignalsSequence
-    private let metrics: ServerMetrics
-    private let say: @Sendable (String) -> Void
-
-    init(tokens: AccessTokens?, tls: ServerTLS?, signals: UnixSignalsSequence, metrics: ServerMetrics, say: @escaping @Sendable (String) -> Void) {
-        self.tokens = tokens
-        self.tls = tls
-        self.signals = signals
-        self.metrics = metrics
-        self.say = say
-    }
-
-    func run() async throws {
-        await cancelWhenGracefulShutdown {
-            await withTaskGroup(of: Void.self) { tasks in
-                tasks.addTask {
-                    for await _ in self.signals {
-                        self.reloadTokens(always: true)
-                        self.reloadTLS()
-                    }
-                }
-                tasks.addTask {
-                    while !Task.isCancelled {
-                        try? await Task.sleep(for: .seconds(1))
-                        self.reloadTokens(always: false)
-                    }
-                }
-                await tasks.next()
-                tasks.cancelAll()
-            }
-        }
-    }
-
-    private func reloadTokens(always: Bool) {
-        guard let tokens = self.tokens else {
-            return
-        }
-        do {
-            let changed = always ? try tokens.reload() : try tokens.reloadIfChanged()
-            if let changed {
-                self.say(changed ? "auth: reloaded \(tokens.path): \(tokens.count) tokens" : "auth: \(tokens.path) unchanged")
-            }
-        } catch {
-            self.metrics.reloadFailures.increment()
-            self.say("auth: cannot reload, keeping the tokens in use: \(error)")
-        }
-    }
-
-    private func reloadTLS() {
-        guard let tls = self.tls else {
-            return
-        }
-        do {
-            try tls.reload()
-            self.say("tls: reloaded \(tls.files.certificate), valid until \(ServerTLS.date(tls.notValidAfter))")
-        } catch {
-            self.metrics.reloadFailures.increment()
-            self.say("tls: cannot reload, keeping the certificate in use: \(error)")
-        }
+        return status.readiness(state, stale: self.isStale, refusesWhenStale: self.configuration.stalePolicy == .closed, now: WallClock.unixMilliseconds())
     }
 }

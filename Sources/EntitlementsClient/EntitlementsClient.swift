@@ -447,8 +447,20 @@ public final class EntitlementsClient: Sendable {
         } catch let error as EntitlementsClientError {
             throw error
         } catch {
-            throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(configuration.server): \(error)")
+            throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(configuration.server): \(Self.connectFailure(error))")
         }
+    }
+
+    /// Why connecting failed, in words a person can act on (``ConnectFailure``).
+    static func connectFailure(_ error: any Error) -> String {
+        guard let connection = error as? NIOConnectionError else {
+            return ConnectFailure.reason(error, service: "the server")
+        }
+        return ConnectFailure.reason(
+            attempts: connection.connectionErrors.map(\.error),
+            resolution: connection.dnsAError ?? connection.dnsAAAAError,
+            service: "the server"
+        )
     }
 
     /// Presents the token on a new connection (docs/PROTOCOL.md, "Authentication"); a

@@ -1,4 +1,5 @@
 import EntitlementsStore
+import EntitlementsWire
 public import Logging
 import NIOCore
 import NIOPosix
@@ -55,6 +56,20 @@ public struct FleetError: Error, CustomStringConvertible, Sendable {
             return "PostgreSQL connection: \(underlying)"
         }
         return "PostgreSQL connection: \(psql.code)"
+    }
+
+    /// Why a connection to PostgreSQL could not be made: the socket's reason in words a
+    /// person can act on (``ConnectFailure``), else what PostgreSQL said (a wrong password).
+    static func connectFailure(_ error: any Error) -> String {
+        let underlying = (error as? PSQLError)?.underlying ?? error
+        if let connection = underlying as? NIOConnectionError {
+            let resolution = connection.dnsAError ?? connection.dnsAAAAError
+            return ConnectFailure.reason(attempts: connection.connectionErrors.map(\.error), resolution: resolution, service: "PostgreSQL")
+        }
+        if underlying is IOError || underlying is ChannelError {
+            return ConnectFailure.reason(underlying, service: "PostgreSQL")
+        }
+        return Self.describe(error)
     }
 
     /// The SQLSTATE of a PostgreSQL error, if it is one.
@@ -274,7 +289,7 @@ public final class FleetDatabase: Sendable {
                 logger: self.logger
             )
         } catch {
-            throw FleetError(.unreachable, "cannot connect to PostgreSQL at \(self.url): \(FleetError.describe(error))")
+            throw FleetError(.unreachable, "cannot connect to PostgreSQL at \(self.url): \(FleetError.connectFailure(error))")
         }
     }
 

@@ -171,7 +171,8 @@ struct FleetTests {
         await #expect {
             try await FleetSchema.check(closed)
         } throws: { error in
-            (error as? FleetError)?.kind == .unreachable && "\(error)".contains("cannot connect to PostgreSQL at postgres://postgres:***@127.0.0.1:\(nobody)/postgres")
+            (error as? FleetError)?.kind == .unreachable
+                && "\(error)".hasSuffix("cannot connect to PostgreSQL at postgres://postgres:***@127.0.0.1:\(nobody)/postgres: connection refused (is PostgreSQL running, on that port?)")
         }
         let wrong = FleetDatabase(url: try FleetDatabaseURL("postgres://postgres:wrong@127.0.0.1:\(postgres.port)/postgres"), logger: Logger(label: "t"))
         await #expect {
@@ -578,7 +579,8 @@ struct FleetTests {
             _ = try ServeProcess(["serve", "--postgres", "postgres://app:hunter2@127.0.0.1:\(port)/e", "--data-dir", directory, "--listen", "127.0.0.1:0"])
         } throws: { error in
             let text = "\(error)"
-            return text.contains("error: cannot serve: cannot connect to PostgreSQL at postgres://app:***@127.0.0.1:\(port)/e") && !text.contains("hunter2")
+            return text.contains("error: cannot serve: cannot connect to PostgreSQL at postgres://app:***@127.0.0.1:\(port)/e: connection refused (is PostgreSQL running, on that port?)")
+                && !text.contains("hunter2") && !text.contains("SingleConnectionFailure")
         }
         #expect(!FileManager.default.fileExists(atPath: directory + "/snapshot.snap"))
     }

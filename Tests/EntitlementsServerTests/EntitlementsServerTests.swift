@@ -605,13 +605,21 @@ struct ServerLifecycleTests {
         try await group.shutdownGracefully()
     }
 
-    @Test("an unreachable server is UNAVAILABLE")
+    @Test("an unreachable server is UNAVAILABLE, with a reason a person can act on (no NIO internals)")
     func unreachable() async throws {
-        let client = EntitlementsClient(server: .tcp(host: "127.0.0.1", port: 1))
-        await #expect {
-            try await client.health()
-        } throws: { error in
-            (error as? EntitlementsClientError)?.code == .unavailable
+        let socket = NSTemporaryDirectory() + "no-server-\(UUID().uuidString).sock"
+        let cases: [(EntitlementsServerAddress, String)] = [
+            (.tcp(host: "127.0.0.1", port: 1), "cannot connect to 127.0.0.1:1: connection refused (is the server running, on that port?)"),
+            (.unixSocket(path: socket), "cannot connect to unix:\(socket): no such socket file (is the server running, with that socket?)"),
+        ]
+        for (address, message) in cases {
+            let client = EntitlementsClient(server: address)
+            await #expect {
+                try await client.health()
+            } throws: { error in
+                (error as? EntitlementsClientError)?.code == .unavailable && (error as? EntitlementsClientError)?.message == message
+            }
+            await client.close()
         }
     }
 }

@@ -1,5 +1,5 @@
 import CEntitlementsShim
-import EntitlementsStore
+public import EntitlementsStore
 
 /// A cache of answers, bounded by bytes. O(1) lookup, insertion and eviction: an
 /// open-addressing index from key to slot (``SlotIndex``), and doubly linked recency lists
@@ -179,6 +179,7 @@ public struct AnswerCache: Sendable {
 
     /// The shard that owns `customerId` among `shardCount` shards: stable across runs, so
     /// that a customer always goes to the same resolver actor.
+    @inlinable
     public static func shardIndex(for customerId: String, shardCount: Int) -> Int {
         precondition(shardCount > 0)
         // One shard owns everything: no need to hash (`serve --resolvers 1`, every check).

@@ -447,13 +447,16 @@ public final class EntitlementsClient: Sendable {
         } catch let error as EntitlementsClientError {
             throw error
         } catch {
-            throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(configuration.server): \(Self.connectFailure(error))")
+            throw EntitlementsClientError(code: .unavailable, message: "cannot connect to \(configuration.server): \(Self.connectFailure(error, to: configuration.server))")
         }
     }
 
     /// Why connecting failed, in words a person can act on (``ConnectFailure``).
-    static func connectFailure(_ error: any Error) -> String {
+    static func connectFailure(_ error: any Error, to server: EntitlementsServerAddress) -> String {
         guard let connection = error as? NIOConnectionError else {
+            if case .unixSocket = server {
+                return ConnectFailure.reason(error, service: "the server", socketFile: true)
+            }
             return ConnectFailure.reason(error, service: "the server")
         }
         return ConnectFailure.reason(

@@ -56,6 +56,10 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private var streaming = false
     /// The call went to the router, which counts it (and its in-flight time) itself.
     private var routed = false
+    /// The client has ended its side of the stream (END_STREAM seen). A call answered
+    /// before that (refused early, or its request not arrived in time) is reset after its
+    /// answer, so that the stream is freed however the client goes on.
+    private var requestEnded = false
     private var body = ByteBuffer()
     private var start = NIODeadline.now()
     private var deadline: NIODeadline?
@@ -95,6 +99,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// The stream is gone: work still queued for it is skipped, a watch stops, and nothing
     /// more is written.
     private func ended() {
+        if self.state == .receiving || self.state == .answering, !self.streaming, !self.routed {
+            // Dropped (reset, or its connection closed) before it was answered or routed;
+            // a routed call is counted by the router, CANCELLED through its scope.
+            self.methods.recordAnswers(self.metricMethod, .cancelled, since: self.start)
+        }
         self.state = .done
         self.scope.close()  // a routed call still being worked on counts as CANCELLED
         self.receivingTimer?.cancel()
@@ -118,12 +127,14 @@ final class DoorStreamHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch self.unwrapInboundIn(data) {
         case .headers(let headers):
+            self.requestEnded = self.requestEnded || headers.endStream
             if self.state == .idle {
                 self.requestHeaders(headers.headers, endStream: headers.endStream)
             } else if headers.endStream, self.state == .receiving {
                 self.requestComplete()  // the client's trailers end the request
             }
         case .data(let data):
+            self.requestEnded = self.requestEnded || data.endStream
             guard self.state == .receiving, case .byteBuffer(var bytes) = data.data else {
                 return
             }
@@ -142,10 +153,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
                 self.requestComplete()
             }
         case .rstStream:
-            if self.state == .receiving || self.state == .answering, !self.streaming, !self.routed {
-                self.methods.recordAnswers(self.metricMethod, .cancelled, since: self.start)  // as a framed CANCEL
-            }
-            self.ended()  // the client cancelled: nothing more is sent
+            self.ended()  // the client cancelled (counted CANCELLED, as a framed CANCEL): nothing more is sent
         default:
             break
         }
@@ -500,6 +508,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             trailers.add(name: "grpc-message", value: Self.percentEncoded(message))
         }
         context.writeAndFlush(self.wrapOutboundOut(.headers(.init(headers: trailers, endStream: true))), promise: nil)
+        self.resetIfRequestOpen(context)
     }
 
     /// A failed call, in the stream's protocol.
@@ -530,6 +539,17 @@ final class DoorStreamHandler: ChannelInboundHandler {
         ]
         context.write(self.wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
         context.writeAndFlush(self.wrapOutboundOut(.data(.init(data: .byteBuffer(body), endStream: true))), promise: nil)
+        self.resetIfRequestOpen(context)
+    }
+
+    /// After an answer to a request the client has not ended: the stream is reset
+    /// (RST_STREAM), as HTTP/2 allows a server that needs no more of a request (RFC 9113,
+    /// 8.1), so that it does not stay open, holding the connection out of its idle close and
+    /// a drain, for as long as the client sends.
+    private func resetIfRequestOpen(_ context: ChannelHandlerContext) {
+        if !self.requestEnded {
+            context.close(promise: nil)
+        }
     }
 
     /// Not a call this door serves at the HTTP level (wrong method or content-type): a

@@ -94,10 +94,10 @@ final class HTTPJSONHandler: ChannelInboundHandler {
 
     /// A request still arriving when a read ends is held to its arrival limit: one timer,
     /// armed only for a request that did not come in one read. Past it, the request is
-    /// answered and the connection closed (the rest of its body cannot be told from the
-    /// next request).
+    /// answered (unless it was already: refused early) and the connection closed (the rest
+    /// of its body cannot be told from the next request).
     func channelReadComplete(context: ChannelHandlerContext) {
-        if let head = self.head, !self.readEnd, !self.answered, self.receivingTimer == nil {
+        if let head = self.head, !self.readEnd, self.receivingTimer == nil {
             self.armReceivingTimer(context: context, head)
         }
         context.fireChannelReadComplete()
@@ -113,7 +113,12 @@ final class HTTPJSONHandler: ChannelInboundHandler {
         let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
         self.receivingTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: limit.at) {
             self.receivingTimer = nil
-            if !self.readEnd {
+            guard !self.readEnd else {
+                return
+            }
+            if self.answered {
+                loopBound.value.close(promise: nil)
+            } else {
                 self.refuse(context: loopBound.value, JSONMethods.httpStatus(limit.error.status), limit.error, close: true)
             }
         }
@@ -225,6 +230,11 @@ final class HTTPJSONHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        if self.head != nil, !self.readEnd, !self.answered {
+            // Gone while its request was arriving: never routed, so counted here.
+            self.methods.recordAnswers(self.method ?? MethodID(rawValue: 0), .cancelled, since: self.start)
+            self.answered = true
+        }
         self.scope.close()
         context.fireChannelInactive()
     }

@@ -8,11 +8,14 @@ import Synchronization
 /// Fleet mode's tailer as a service: it runs until the graceful shutdown, or until the
 /// change log can no longer be followed (then the group shuts down and serve exits 1).
 public final class FleetService: Service, Sendable {
+    /// The change-log tailer this service runs.
     public let tailer: FleetTailer
+    /// The database the tailer polls (closed by serve once the group has stopped).
     public let database: FleetDatabase
     private let logger: Logger
     private let failed = Mutex<FleetError?>(nil)
 
+    /// Runs `tailer` on `database`, logging a failure to follow the change log to `logger`.
     public init(tailer: FleetTailer, database: FleetDatabase, logger: Logger) {
         self.tailer = tailer
         self.database = database
@@ -46,6 +49,7 @@ public struct FleetMetrics: Sendable {
     private let failures: Meter
     private let stale: Meter
 
+    /// The gauges, made by `factory` (serve's Prometheus registry).
     public init(factory: any MetricsFactory) {
         self.applied = Meter(label: "entitlements_fleet_applied_sequence", factory: factory)
         self.head = Meter(label: "entitlements_fleet_head_sequence", factory: factory)
@@ -54,6 +58,7 @@ public struct FleetMetrics: Sendable {
         self.stale = Meter(label: "entitlements_fleet_stale", factory: factory)
     }
 
+    /// Sets the gauges from the tailer's status and whether checks are stale, at a scrape.
     public func refresh(_ status: FleetTailer.Status, stale: Bool) {
         self.stale.set(stale ? 1 : 0)
         self.applied.set(Int(status.appliedSequence))

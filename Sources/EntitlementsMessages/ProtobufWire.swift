@@ -15,19 +15,19 @@ public import NIOCore
 public struct ProtobufWriter {
     /// The most bytes a varint takes.
     public static let maximumVarintBytes = 10
-    /// The most bytes a length-delimited field's tag and length take.
-    public static let maximumFieldHeaderBytes = 1 + 5
 
     @usableFromInline
     let out: UnsafeMutableRawBufferPointer
     /// Bytes written so far.
     public var position = 0
 
+    /// A writer at the start of `out`, which must have room for everything written.
     @inlinable
     public init(out: UnsafeMutableRawBufferPointer) {
         self.out = out
     }
 
+    /// An unsigned varint (1 to 10 bytes).
     @inlinable
     public mutating func varint(_ value: UInt64) {
         var value = value
@@ -46,6 +46,7 @@ public struct ProtobufWriter {
         self.varint(field << 3 | wireType)
     }
 
+    /// Bytes as they are (a message's encoded fields).
     @inlinable
     public mutating func bytes(_ source: UnsafeRawBufferPointer) {
         guard let base = source.baseAddress, source.count > 0 else { return }
@@ -88,14 +89,17 @@ public struct ProtobufReader {
     /// Where the next read starts.
     public var position = 0
 
+    /// A reader at the start of `bytes`.
     @inlinable
     public init(bytes: UnsafeRawBufferPointer) {
         self.bytes = bytes
     }
 
+    /// Whether every byte has been read.
     @inlinable
     public var isAtEnd: Bool { self.position >= self.bytes.count }
 
+    /// An unsigned varint, or nil when it is cut short or longer than 10 bytes.
     @inlinable
     public mutating func varint() -> UInt64? {
         var value: UInt64 = 0

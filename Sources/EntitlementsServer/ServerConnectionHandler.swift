@@ -418,7 +418,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 self.sendOutgoing()
             }
             if call.scope == nil {
-                self.methods.recordAnswers(.checkEntitlements, result.status, since: call.start)
+                // Its connection may be closing (handlerRemoved comes a tick later): CANCELLED
+                // then, as the router counts a routed call.
+                self.methods.recordAnswers(.checkEntitlements, self.scope.isClosed ? .cancelled : result.status, since: call.start)
             }
             self.afterCompletion()
         }

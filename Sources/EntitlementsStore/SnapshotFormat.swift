@@ -34,12 +34,16 @@ struct SectionRange: Equatable, CustomStringConvertible {
 /// UTF-8 bytes, then the MurmurHash3 finaliser so that similar ids spread over the
 /// fanout. Stable across processes and machines, unlike Swift's `Hasher`.
 public enum KeyHash {
+    /// The hash of a key (its UTF-8 bytes).
+    @inlinable
     public static func hash(_ key: String) -> UInt64 {
         var key = key
         return key.withUTF8 { Self.hash($0) }
     }
 
     /// The hash of a key's UTF-8 bytes (what the peek at a request's user id reads).
+    /// Inlinable: the cache's shard choice and the peek call it for every check.
+    @inlinable
     public static func hash(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64 {
         var hash: UInt64 = 0xCBF2_9CE4_8422_2325
         for byte in bytes {

@@ -30,10 +30,11 @@ public enum ConnectFailure {
         return reasons.isEmpty ? "no address to connect to" : reasons.joined(separator: "; ")
     }
 
-    /// One attempt's error, phrased.
-    public static func reason(_ error: any Error, service: String) -> String {
+    /// One attempt's error, phrased; `socketFile`: the attempt was on a Unix socket.
+    public static func reason(_ error: any Error, service: String, socketFile: Bool = false) -> String {
         if let io = error as? IOError {
             switch io.errnoCode {
+            case ECONNREFUSED where socketFile: return "connection refused (the socket file has no server behind it: is \(service) running?)"
             case ECONNREFUSED: return "connection refused (is \(service) running, on that port?)"
             case ENOENT: return "no such socket file (is \(service) running, with that socket?)"
             case EACCES, EPERM: return "permission denied (the socket file's mode or owner does not admit this user)"

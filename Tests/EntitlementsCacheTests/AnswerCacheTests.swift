@@ -17,7 +17,7 @@ func key(_ id: String) -> CacheKey {
     CacheKey(customerId: id)
 }
 
-@Suite("LRU cache")
+@Suite("answer cache")
 struct AnswerCacheTests {
     /// The cost of one 100-byte answer for a 2-character id.
     static let unit = AnswerCache.cost(of: key("c0"), answer())

@@ -102,7 +102,7 @@ final class PostgresServer: @unchecked Sendable {
         // test had open at the moment (its child's output, read to the end) would stay open
         // in it, so that test's read would never end. Seen: protoc's and openssl's readers
         // blocked for good, holding the test runner's threads.
-        closeInheritedDescriptors(&actions)
+        try closeInheritedDescriptors(&actions)
         var arguments = command.map { strdup($0) } + [nil]
         defer { arguments.forEach { free($0) } }
         var pid: pid_t = 0
@@ -172,11 +172,15 @@ struct PostgresFixtureError: Error, CustomStringConvertible {
 /// Adds "close every descriptor from 3 up" to a spawn's actions (glibc 2.34's
 /// posix_spawn_file_actions_addclosefrom_np, which Swift's Glibc module does not export):
 /// a child that outlives the call must not hold another test's pipe open.
-func closeInheritedDescriptors(_ actions: inout posix_spawn_file_actions_t) {
+func closeInheritedDescriptors(_ actions: inout posix_spawn_file_actions_t) throws {
     typealias CloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
-    guard let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") else {
-        return  // an older C library: nothing to add
+    let defaultSearch: UnsafeMutableRawPointer? = nil  // RTLD_DEFAULT in glibc
+    guard let symbol = dlsym(defaultSearch, "posix_spawn_file_actions_addclosefrom_np") else {
+        return  // a C library before glibc 2.34: nothing to add
     }
-    _ = unsafeBitCast(symbol, to: CloseFrom.self)(&actions, 3)
+    let status = unsafeBitCast(symbol, to: CloseFrom.self)(&actions, 3)
+    guard status == 0 else {
+        throw PostgresFixtureError("posix_spawn_file_actions_addclosefrom_np: \(String(cString: strerror(status)))")
+    }
 }
 

@@ -23,7 +23,7 @@ final class ServeProcess: @unchecked Sendable {
         posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
         posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
         posix_spawn_file_actions_addclose(&actions, fds[0])
-        closeInheritedDescriptors(&actions)  // no other test's pipe held open (PostgresServer.spawn)
+        try closeInheritedDescriptors(&actions)  // no other test's pipe held open (PostgresServer.spawn)
         let command = [Self.executable] + arguments
         var argv = command.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }

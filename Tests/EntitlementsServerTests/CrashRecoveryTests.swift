@@ -20,8 +20,14 @@ struct ChildServer {
             ] + extraArguments,
             environment: environment
         )
-        // Keep draining its output so that it never blocks on a full pipe.
-        pipe.fileHandleForReading.readabilityHandler = { handle in _ = handle.availableData }
+        // Keep draining its output so that it never blocks on a full pipe: on a thread of its
+        // own, reading to the end (the child's death). Not a readabilityHandler: its
+        // dispatch source crashed libdispatch's manager thread once here (SIGSEGV in
+        // _dispatch_event_loop_drain) while these children were killed and restarted.
+        let output = pipe.fileHandleForReading
+        Thread.detachNewThread {
+            while !output.availableData.isEmpty {}
+        }
         return ChildServer(process: process, port: port)
     }
 

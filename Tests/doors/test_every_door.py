@@ -116,7 +116,7 @@ class Server:
             ENT, "serve", "--data-dir", WORK + "/%s-data" % name, "--snapshot", WORK + "/seed.snap",
             "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
             "--auth-token-file", WORK + "/tokens", "--listen-anonymous", "none", "--unix-anonymous", "none",
-            "--grpc-anonymous", "none", "--max-batch", "100000", "--min-sequence-wait", "3s",
+            "--grpc-anonymous", "none", "--max-batch", "100000", "--min-sequence-wait", "3s", "--frame-timeout", "3s",
         ] + extra, stdout=self.log, stderr=subprocess.STDOUT)
         text = ""
         for _ in range(300):
@@ -222,11 +222,13 @@ class GRPC:
             return error.code().name, error.details()
 
 
-def h2_request(port, context, path, headers, body, end=True, reset=False):
+def h2_request(port, context, path, headers, body, end=True, reset=False, drop=False):
     """One request on a new HTTP/2 connection (hyper-h2): its response headers and
     trailers merged (names as text), and its data. `end=False` sends the headers and body
-    but never ends the request; `reset=True` resets the stream once it is sent and returns
-    (None, None) after a PING round trip, so the server has seen the reset."""
+    but never ends the request, and then the server must reset the stream after its
+    answer; `reset=True` resets the stream once it is sent, and `drop=True` closes the
+    connection then, each returning (None, None) after a PING round trip, so the server
+    has seen the request."""
     raw = socket.create_connection(("127.0.0.1", port), timeout=30)
     if context:
         context.set_alpn_protocols(["h2"])
@@ -247,10 +249,11 @@ def h2_request(port, context, path, headers, body, end=True, reset=False):
                 sent += len(piece)
                 connection.send_data(1, piece, end_stream=end and sent == len(body))
                 window = min(connection.local_flow_control_window(1), connection.max_outbound_frame_size)
-            if reset is True and sent == len(body):
-                connection.reset_stream(1)
+            if (reset is True or drop is True) and sent == len(body):
+                if reset:
+                    connection.reset_stream(1)
                 connection.ping(b"12345678")
-                reset = "sent"
+                reset, drop = ("sent" if reset else False), ("sent" if drop else False)
             raw.sendall(connection.data_to_send())
             chunk = raw.recv(65536)
             if not chunk:
@@ -261,10 +264,14 @@ def h2_request(port, context, path, headers, body, end=True, reset=False):
                 elif isinstance(event, h2.events.DataReceived):
                     connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                     data += event.data
-                elif isinstance(event, h2.events.StreamEnded):
+                elif isinstance(event, h2.events.StreamEnded) and end:
                     return response, data
-                elif isinstance(event, h2.events.PingAckReceived) and reset == "sent":
+                elif isinstance(event, h2.events.StreamEnded):
+                    pass  # answered while the request is still open: the server must reset it now
+                elif isinstance(event, h2.events.PingAckReceived) and "sent" in (reset, drop):
                     return None, None
+                elif isinstance(event, h2.events.StreamReset) and not end and response:
+                    return response, data
                 elif isinstance(event, h2.events.StreamReset) and reset != "sent":
                     raise AssertionError("the server reset the stream")
     finally:
@@ -507,6 +514,27 @@ class EveryDoor(unittest.TestCase):
             self.expected_counts[server.name][("CheckEntitlements", "DEADLINE_EXCEEDED")] += 1
             self.assertTrue(received.startswith(b"HTTP/1.1 504"), received)
             self.assertIn(b"the deadline passed before the request arrived in full", received)
+            # No deadline: --frame-timeout (3 s here) bounds a request's arrival, on both doors.
+            status, said = grpc_by_hand.call("CheckEntitlements", svc.CheckEntitlementsRequest(user_id="user-1"), CHECK_TOKEN, end=False)
+            self.record(server, "CheckEntitlements", status, grpc_by_hand)
+            self.assertEqual(status, "DEADLINE_EXCEEDED")
+            self.assertTrue(said.startswith("the request did not arrive in full within --frame-timeout"), said)
+            # Refused at once (an unknown method), its body never finished: answered, then the
+            # HTTP/1.1 connection is closed at the limit rather than held for the body.
+            sock = socket.create_connection(("127.0.0.1", server.door), timeout=30)
+            if server.tls:
+                sock = server.ssl_context().wrap_socket(sock, server_hostname="localhost")
+            sock.sendall(("POST %sNoSuchMethod HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                          "Content-Length: 100\r\n\r\n{" % SERVICE).encode())
+            received = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+            sock.close()
+            self.expected_counts[server.name][("unknown", "UNIMPLEMENTED")] += 1
+            self.assertTrue(received.startswith(b"HTTP/1.1 404"), received)
 
     def test_3c_cancelled_calls(self):
         # Calls that wait (min_log_sequence) and are cancelled: each counts once, CANCELLED.
@@ -542,6 +570,18 @@ class EveryDoor(unittest.TestCase):
                        [("content-type", "application/json"), ("authorization", "Bearer " + CHECK_TOKEN)],
                        json_body(waiting_check), reset=True)
             counts[("CheckEntitlements", "CANCELLED")] += 2
+            # Connections dropped while a request is still arriving (never routed): HTTP/2
+            # and HTTP/1.1 count the call CANCELLED too.
+            h2_request(server.door, context, SERVICE + "CheckEntitlements",
+                       [("content-type", "application/json"), ("authorization", "Bearer " + CHECK_TOKEN)],
+                       b'{"userId": ', end=False, drop=True)
+            sock = socket.create_connection(("127.0.0.1", server.door), timeout=30)
+            if server.tls:
+                sock = server.ssl_context().wrap_socket(sock, server_hostname="localhost")
+            sock.sendall(("POST %sCheckEntitlements HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                          "Authorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{" % (SERVICE, CHECK_TOKEN)).encode())
+            sock.close()
+            counts[("CheckEntitlements", "CANCELLED")] += 2
 
     def test_4_every_call_counted_once(self):
         # After the others (unittest runs them in name order): once nothing is in flight
@@ -562,7 +602,8 @@ class EveryDoor(unittest.TestCase):
                 self.assertEqual(wrong, [], "entitlements_requests_total differs from the calls made")
                 per_method = Counter()
                 for (method, _), count in counted.items():
-                    per_method[method] += count
+                    if method != "unknown":  # no method, no latency series
+                        per_method[method] += count
                 self.assertEqual({m: c for m, c in latencies.items() if c}, {m: c for m, c in per_method.items() if c},
                                  "the latency histogram's counts differ from entitlements_requests_total")
 

@@ -47,6 +47,15 @@ final class DoorConnection {
         }
     }
 
+    /// Ends the calls whose requests are still arriving past their limit (the
+    /// --frame-timeout sweep, run every half of it).
+    func sweepArrivals() {
+        let now = NIODeadline.now()
+        for stream in Array(self.streams.values) {
+            stream.arrivalOverdue(at: now)
+        }
+    }
+
     /// The server drains: streams that never end on their own (watches) end now; the rest
     /// finish, then the connection closes.
     func drain() {
@@ -72,6 +81,7 @@ final class DoorConnectionHandler: ChannelInboundHandler {
 
     private let connection: DoorConnection
     private var idleTimer: RepeatedTask?
+    private var arrivalTimer: RepeatedTask?
     private var lingerTimer: Scheduled<Void>?
     private var closing = false
 
@@ -93,11 +103,20 @@ final class DoorConnectionHandler: ChannelInboundHandler {
         self.idleTimer = context.eventLoop.scheduleRepeatedTask(initialDelay: timeout, delay: .nanoseconds(max(timeout.nanoseconds / 4, 1_000_000))) { _ in
             handler.value.closeIfIdle(context: loopBound.value, timeout: timeout)
         }
+        // A request must arrive within --frame-timeout of its headers: one sweep per
+        // connection, every half of it (so at most 1.5 times it), not a timer per call.
+        let frameTimeout = self.connection.methods.configuration.frameTimeout
+        let sweep = TimeAmount.nanoseconds(max(frameTimeout.nanoseconds / 2, 10_000_000))
+        self.arrivalTimer = context.eventLoop.scheduleRepeatedTask(initialDelay: sweep, delay: sweep) { _ in
+            handler.value.connection.sweepArrivals()
+        }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
         self.idleTimer?.cancel()
         self.idleTimer = nil
+        self.arrivalTimer?.cancel()
+        self.arrivalTimer = nil
         self.lingerTimer?.cancel()
         self.lingerTimer = nil
         self.connection.close = {}

@@ -105,11 +105,8 @@ final class HTTPJSONHandler: ChannelInboundHandler {
 
     private func armReceivingTimer(context: ChannelHandlerContext, _ head: HTTPRequestHead) {
         let timeout = try? JSONMethods.connectTimeout(head.headers.first(name: "connect-timeout-ms")).get()  // valid: refusal(_:) checked it
-        let limit = JSONMethods.arrivalLimit(
-            start: self.start,
-            deadline: timeout.flatMap { $0 }.map { self.start + $0 },
-            frameTimeout: self.methods.configuration.frameTimeout
-        )
+        let frameTimeout = self.methods.configuration.frameTimeout
+        let limit = JSONMethods.arrivalLimit(start: self.start, deadline: timeout.flatMap { $0 }.map { self.start + $0 }, frameTimeout: frameTimeout)
         let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
         self.receivingTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: limit.at) {
             self.receivingTimer = nil
@@ -119,7 +116,8 @@ final class HTTPJSONHandler: ChannelInboundHandler {
             if self.answered {
                 loopBound.value.close(promise: nil)
             } else {
-                self.refuse(context: loopBound.value, JSONMethods.httpStatus(limit.error.status), limit.error, close: true)
+                let error = JSONMethods.arrivalFailure(byDeadline: limit.byDeadline, frameTimeout: frameTimeout)
+                self.refuse(context: loopBound.value, JSONMethods.httpStatus(error.status), error, close: true)
             }
         }
     }

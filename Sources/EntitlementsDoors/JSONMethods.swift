@@ -76,18 +76,26 @@ enum JSONMethods {
         return .success(.milliseconds(value))
     }
 
-    /// When a request whose headers arrived at `start` must have arrived in full, and what
-    /// its call is answered if it has not: its deadline, or --frame-timeout after its
-    /// headers, whichever is first (as the framed listener's slow-sender guard). Both doors,
-    /// HTTP/1.1 and HTTP/2, hold a request to it; once in, the router holds the call to its
-    /// deadline.
-    static func arrivalLimit(start: NIODeadline, deadline: NIODeadline?, frameTimeout: TimeAmount) -> (at: NIODeadline, error: ServiceError) {
+    /// When a request whose headers arrived at `start` must have arrived in full: its
+    /// deadline, or --frame-timeout after its headers, whichever is first (as the framed
+    /// listener's slow-sender guard); `byDeadline` says which. Both doors, HTTP/1.1 and
+    /// HTTP/2, hold a request to it; once in, the router holds the call to its deadline.
+    static func arrivalLimit(start: NIODeadline, deadline: NIODeadline?, frameTimeout: TimeAmount) -> (at: NIODeadline, byDeadline: Bool) {
         let slowSender = start + frameTimeout
         if let deadline, deadline <= slowSender {
-            return (deadline, ServiceError(.deadlineExceeded, "the deadline passed before the request arrived in full"))
+            return (deadline, true)
+        }
+        return (slowSender, false)
+    }
+
+    /// What a call whose request did not arrive by its limit is answered (made only then).
+    @inline(never)
+    static func arrivalFailure(byDeadline: Bool, frameTimeout: TimeAmount) -> ServiceError {
+        if byDeadline {
+            return ServiceError(.deadlineExceeded, "the deadline passed before the request arrived in full")
         }
         let seconds = Double(frameTimeout.nanoseconds) / 1e9
-        return (slowSender, ServiceError(.deadlineExceeded, "the request did not arrive in full within --frame-timeout (\(seconds) s after its headers)"))
+        return ServiceError(.deadlineExceeded, "the request did not arrive in full within --frame-timeout (\(seconds) s after its headers)")
     }
 
     /// A path that names no method of the service: 404, `unimplemented`.

@@ -377,6 +377,25 @@ def limit_transports(server):
             for t in transports(server)]
 
 
+def http1_partial(server, method, headers, read=True):
+    """An HTTP/1.1 POST whose Content-Length (100) its body never reaches: what the server
+    sends until it closes the connection, or nothing when `read` is False (the client
+    closes at once)."""
+    sock = socket.create_connection(("127.0.0.1", server.door), timeout=30)
+    if server.tls:
+        sock = server.ssl_context().wrap_socket(sock, server_hostname="localhost")
+    sock.sendall(("POST %s%s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n%s"
+                  "Content-Length: 100\r\n\r\n{" % (SERVICE, method, headers)).encode())
+    received = b""
+    while read:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    sock.close()
+    return received
+
+
 def is_json(transport):
     return transport.name.startswith("JSON")
 
@@ -499,18 +518,7 @@ class EveryDoor(unittest.TestCase):
             self.assertEqual(json_answer(int(response[":status"]), data),
                              ("DEADLINE_EXCEEDED", "the deadline passed before the request arrived in full"))
             # HTTP/1.1: a Content-Length the body never reaches; answered, then closed.
-            sock = socket.create_connection(("127.0.0.1", server.door), timeout=30)
-            if server.tls:
-                sock = server.ssl_context().wrap_socket(sock, server_hostname="localhost")
-            sock.sendall(("POST %sCheckEntitlements HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                          "Authorization: Bearer %s\r\nConnect-Timeout-Ms: 200\r\nContent-Length: 100\r\n\r\n{" % (SERVICE, CHECK_TOKEN)).encode())
-            received = b""
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                received += chunk
-            sock.close()
+            received = http1_partial(server, "CheckEntitlements", "Authorization: Bearer %s\r\nConnect-Timeout-Ms: 200\r\n" % CHECK_TOKEN)
             self.expected_counts[server.name][("CheckEntitlements", "DEADLINE_EXCEEDED")] += 1
             self.assertTrue(received.startswith(b"HTTP/1.1 504"), received)
             self.assertIn(b"the deadline passed before the request arrived in full", received)
@@ -521,18 +529,7 @@ class EveryDoor(unittest.TestCase):
             self.assertTrue(said.startswith("the request did not arrive in full within --frame-timeout"), said)
             # Refused at once (an unknown method), its body never finished: answered, then the
             # HTTP/1.1 connection is closed at the limit rather than held for the body.
-            sock = socket.create_connection(("127.0.0.1", server.door), timeout=30)
-            if server.tls:
-                sock = server.ssl_context().wrap_socket(sock, server_hostname="localhost")
-            sock.sendall(("POST %sNoSuchMethod HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                          "Content-Length: 100\r\n\r\n{" % SERVICE).encode())
-            received = b""
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                received += chunk
-            sock.close()
+            received = http1_partial(server, "NoSuchMethod", "")
             self.expected_counts[server.name][("unknown", "UNIMPLEMENTED")] += 1
             self.assertTrue(received.startswith(b"HTTP/1.1 404"), received)
 
@@ -575,12 +572,7 @@ class EveryDoor(unittest.TestCase):
             h2_request(server.door, context, SERVICE + "CheckEntitlements",
                        [("content-type", "application/json"), ("authorization", "Bearer " + CHECK_TOKEN)],
                        b'{"userId": ', end=False, drop=True)
-            sock = socket.create_connection(("127.0.0.1", server.door), timeout=30)
-            if server.tls:
-                sock = server.ssl_context().wrap_socket(sock, server_hostname="localhost")
-            sock.sendall(("POST %sCheckEntitlements HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                          "Authorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{" % (SERVICE, CHECK_TOKEN)).encode())
-            sock.close()
+            http1_partial(server, "CheckEntitlements", "Authorization: Bearer %s\r\n" % CHECK_TOKEN, read=False)
             counts[("CheckEntitlements", "CANCELLED")] += 2
 
     def test_4_every_call_counted_once(self):

@@ -559,13 +559,14 @@ final class DoorStreamHandler: ChannelInboundHandler {
         self.resetIfRequestOpen(context)
     }
 
-    /// After an answer to a request the client has not ended: the stream is reset
-    /// (RST_STREAM), as HTTP/2 allows a server that needs no more of a request (RFC 9113,
-    /// 8.1), so that it does not stay open, holding the connection out of its idle close and
-    /// a drain, for as long as the client sends.
+    /// After an answer to a request the client has not ended: the stream is reset with
+    /// NO_ERROR, as RFC 9113 (8.1) has a server that needs no more of a request do, so that
+    /// it does not stay open, holding the connection out of its idle close and a drain, for
+    /// as long as the client sends. NO_ERROR, not the CANCEL that closing the stream channel
+    /// sends: gRPC clients then keep the status of the trailers already received.
     private func resetIfRequestOpen(_ context: ChannelHandlerContext) {
         if !self.requestEnded {
-            context.close(promise: nil)
+            context.writeAndFlush(self.wrapOutboundOut(.rstStream(.noError)), promise: nil)
         }
     }
 

@@ -988,7 +988,12 @@ struct FleetServerTests {
                 recovered = (try? await closed.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))) != nil
             }
             #expect(recovered)
-            let fresh = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
+            // The open server polls on its own schedule: its next successful poll, bounded.
+            var fresh = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
+            for _ in 0..<200 where fresh.staleForMs != 0 {
+                try await Task.sleep(for: .milliseconds(50))
+                fresh = try await open.client.checkEntitlements(CheckEntitlementsRequest(userId: "alice"))
+            }
             #expect(fresh.staleForMs == 0)
             let health: HealthResponse = try await closed.client.call(.health, HealthRequest())
             #expect(health.status == .serving)

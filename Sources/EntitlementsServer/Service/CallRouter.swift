@@ -383,7 +383,7 @@ extension EntitlementMethods {
     func accounted<Value: Sendable>(_ method: MethodID, _ result: MethodResult<Value>, _ call: CallContext) -> MethodResult<Value> {
         switch result {
         case .now(let result):
-            self.recordAnswers(method, Self.status(of: result), since: call.start)
+            self.recordAnswers(method, result.status, since: call.start)
             return .now(result)
         case .later:
             let metrics = self.services.metrics
@@ -443,10 +443,6 @@ extension EntitlementMethods {
     /// Counts `count` answered calls of `method` with `status`, read at `start`.
     public func recordAnswers(_ method: MethodID, _ status: StatusCode, count: Int = 1, since start: NIODeadline) {
         self.services.metrics.answered(method, status, count: count, since: start)
-    }
-
-    private static func status<Value>(of result: Result<Value, ServiceError>) -> StatusCode {
-        result.status
     }
 }
 

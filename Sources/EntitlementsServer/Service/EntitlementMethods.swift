@@ -208,20 +208,16 @@ public final class EntitlementMethods: Sendable {
 
     // MARK: Health
 
-    /// Health, as a call: NOT_SERVING when the caller's connection drains.
+    /// Health, as a call (reached only through ``unary(_:_:_:codec:)``, which checks the
+    /// permission: no variant without it is left to pick): NOT_SERVING when the caller's
+    /// connection drains.
     func health(_ context: CallContext) -> Result<HealthResponse, ServiceError> {
-        .success(self.probeHealth(draining: context.draining))
-    }
-
-    /// Health without a permission check or a call: what a probe reads (every caller of the
-    /// service reaches Health through ``unary(_:_:_:codec:)``, which checks).
-    public func probeHealth(draining: Bool = false) -> HealthResponse {
-        HealthResponse(
-            status: self.isServing(draining: draining) ? .serving : .notServing,
+        .success(HealthResponse(
+            status: self.isServing(draining: context.draining) ? .serving : .notServing,
             snapshotId: self.store.snapshot.header.snapshotId,
             uptimeMs: self.services.health.uptimeMilliseconds,
             version: self.configuration.version
-        )
+        ))
     }
 
     /// Whether checks are served: false during a drain, and for a fleet server past

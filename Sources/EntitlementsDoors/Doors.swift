@@ -58,7 +58,9 @@ public enum Doors {
     /// Sets up an HTTP/1.1 connection's pipeline (on its event loop).
     static func configureHTTP1(_ channel: any Channel, methods: EntitlementMethods, credentials: ConnectionCredentials) throws {
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-        try channel.pipeline.syncOperations.addHandler(HTTPJSONHandler(methods: methods, credentials: credentials))
+        try channel.pipeline.syncOperations.addHandler(
+            HTTP1ExchangeHandler(responder: JSONResponder(methods: methods, credentials: credentials), idleTimeout: methods.configuration.idleTimeout)
+        )
     }
 }
 

@@ -31,14 +31,17 @@ public final class AdminServer: Sendable {
         self.address = channel.localAddress
     }
 
-    /// Listens on `host:port`.
-    /// Listens on `host:port`; `refused` counts and logs a refused request or connection.
+    /// Listens on `host:port`; `refused` counts and logs a refused request or connection. A
+    /// connection closes after `idleTimeout` without a request; a request must arrive in
+    /// full within `arrivalTimeout` of its head (serve's --idle-timeout and --frame-timeout).
     public static func start(
         host: String,
         port: Int,
         security: ListenerSecurity = .open("admin"),
         endpoints: Endpoints,
         group: MultiThreadedEventLoopGroup,
+        idleTimeout: TimeAmount = .minutes(5),
+        arrivalTimeout: TimeAmount = .seconds(10),
         refused: @escaping @Sendable (Refusal, String) -> Void = { _, _ in }
     ) async throws -> AdminServer {
         let channel = try await ServerBootstrap(group: group)
@@ -51,7 +54,8 @@ public final class AdminServer: Sendable {
                         try tls.configure(channel, .http1, credentials: credentials) { refused($0, peer) }
                     }
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(AdminHandler(endpoints: endpoints, credentials: credentials, refused: refused))
+                    let responder = AdminResponder(endpoints: endpoints, credentials: credentials, arrivalTimeout: arrivalTimeout, refused: refused)
+                    try channel.pipeline.syncOperations.addHandler(HTTP1ExchangeHandler(responder: responder, idleTimeout: idleTimeout))
                 }
             }
             .bind(host: host, port: port)
@@ -65,49 +69,38 @@ public final class AdminServer: Sendable {
     }
 }
 
-/// One admin connection: answers each request in turn.
-private final class AdminHandler: ChannelInboundHandler {
-    typealias InboundIn = HTTPServerRequestPart
-    typealias OutboundOut = HTTPServerResponsePart
-
+/// One admin connection's requests. The exchange (timers, limits, keep-alive, HEAD) is
+/// ``HTTP1ExchangeHandler``'s.
+private final class AdminResponder: HTTP1Responder {
     private let endpoints: AdminServer.Endpoints
     private let credentials: ConnectionCredentials
+    private let arrivalTimeout: TimeAmount
     private let refused: @Sendable (Refusal, String) -> Void
-    private var head: HTTPRequestHead?
 
-    init(endpoints: AdminServer.Endpoints, credentials: ConnectionCredentials, refused: @escaping @Sendable (Refusal, String) -> Void) {
+    init(endpoints: AdminServer.Endpoints, credentials: ConnectionCredentials, arrivalTimeout: TimeAmount, refused: @escaping @Sendable (Refusal, String) -> Void) {
         self.endpoints = endpoints
         self.credentials = credentials
+        self.arrivalTimeout = arrivalTimeout
         self.refused = refused
     }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch self.unwrapInboundIn(data) {
-        case .head(let head):
-            self.head = head
-        case .body:
-            break
-        case .end:
-            guard let head = self.head else {
-                return
-            }
-            self.head = nil
-            self.respond(to: head, context: context)
-        }
+    /// The endpoints take no body.
+    var maximumBodyBytes: Int {
+        0
     }
 
-    private func respond(to head: HTTPRequestHead, context: ChannelHandlerContext) {
+    func head(_ head: HTTPRequestHead, start: NIODeadline) -> HTTP1Answer? {
+        head.method == .GET || head.method == .HEAD ? nil : .text(.methodNotAllowed, "only GET\n")
+    }
+
+    func answer(_ head: HTTPRequestHead, body: ByteBuffer, start: NIODeadline, eventLoop: any EventLoop) -> HTTP1Reply {
         let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
-        guard head.method == .GET || head.method == .HEAD else {
-            self.send(.methodNotAllowed, "only GET\n", head: head, context: context)
-            return
-        }
         switch path {
         case "/healthz":
-            self.send(.ok, "ok\n", head: head, context: context)
+            return .now(.text(.ok, "ok\n"))
         case "/readyz":
             let (ready, reason) = self.endpoints.readiness()
-            self.send(ready ? .ok : .serviceUnavailable, reason + "\n", head: head, context: context)
+            return .now(.text(ready ? .ok : .serviceUnavailable, reason + "\n"))
         case "/metrics":
             let refusal: Refusal?
             switch self.credentials.access(authorization: head.headers.first(name: "authorization")) {
@@ -118,42 +111,28 @@ private final class AdminHandler: ChannelInboundHandler {
             }
             if let refusal {
                 self.refused(refusal, self.credentials.peer)
-                self.send(refusal.status == .unauthenticated ? .unauthorized : .forbidden, refusal.message + "\n", head: head, context: context)
-                return
+                return .now(.text(refusal.status == .unauthenticated ? .unauthorized : .forbidden, refusal.message + "\n"))
             }
             let endpoints = self.endpoints
-            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-            let promise = context.eventLoop.makePromise(of: [UInt8].self)
-            promise.completeWithTask { await endpoints.metrics() }
-            promise.futureResult.whenSuccess { bytes in
-                let (handler, context) = bound.value
-                handler.send(.ok, bytes, contentType: "text/plain; version=0.0.4; charset=utf-8", head: head, context: context)
+            let promise = eventLoop.makePromise(of: HTTP1Answer.self)
+            promise.completeWithTask {
+                HTTP1Answer(.ok, contentType: "text/plain; version=0.0.4; charset=utf-8", body: ByteBuffer(bytes: await endpoints.metrics()))
             }
+            return .later(promise.futureResult)
         default:
-            self.send(.notFound, "not found; try /healthz, /readyz or /metrics\n", head: head, context: context)
+            return .now(.text(.notFound, "not found; try /healthz, /readyz or /metrics\n"))
         }
     }
 
-    private func send(_ status: HTTPResponseStatus, _ text: String, head: HTTPRequestHead, context: ChannelHandlerContext) {
-        self.send(status, Array(text.utf8), contentType: "text/plain; charset=utf-8", head: head, context: context)
+    func tooLarge(_ head: HTTPRequestHead, start: NIODeadline) -> HTTP1Answer {
+        .text(.payloadTooLarge, "the admin endpoints take no body\n")
     }
 
-    private func send(_ status: HTTPResponseStatus, _ body: [UInt8], contentType: String, head: HTTPRequestHead, context: ChannelHandlerContext) {
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Type", value: contentType)
-        headers.add(name: "Content-Length", value: "\(body.count)")
-        if !head.isKeepAlive {
-            headers.add(name: "Connection", value: "close")
-        }
-        context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
-        if head.method != .HEAD {
-            context.write(self.wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
-        }
-        let keepAlive = head.isKeepAlive
-        context.writeAndFlush(self.wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
-            if !keepAlive {
-                context.close(promise: nil)
-            }
-        }
+    func arrivalLimit(_ head: HTTPRequestHead, start: NIODeadline) -> NIODeadline {
+        start + self.arrivalTimeout
+    }
+
+    func arrivalExpired(_ head: HTTPRequestHead, start: NIODeadline) -> HTTP1Answer? {
+        .text(.requestTimeout, "the request did not arrive in full in time\n")
     }
 }

@@ -235,6 +235,8 @@ struct ServeCommand: AsyncParsableCommand {
                         return bytes
                     },
                     group: .singleton,
+                    idleTimeout: configuration.idleTimeout,
+                    arrivalTimeout: configuration.frameTimeout,
                     refused: { refusal, peer in running.server?.methods.recordRefusal(refusal, listener: "admin", peer: peer) }
                 )
                 Self.say("admin listening on \(host):\(admin?.address?.port ?? port)")

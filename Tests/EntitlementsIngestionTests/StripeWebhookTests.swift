@@ -229,6 +229,16 @@ struct StripeWebhookTests {
         #expect(try fixture.record("cus_nobody") == nil, "nothing written for an unknown user")
         try await fixture.stop()
     }
+    @Test("over HTTP: a request that does not arrive whole within --frame-timeout is answered 408 too_slow, and its connection closed")
+    func slowSender() async throws {
+        let fixture = try await WebhookFixture(now: Self.now, frameTimeout: .milliseconds(300))
+        let request = "POST /webhooks/stripe HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":"
+        let answer = await exchange(port: fixture.port, request)
+        #expect(answer.hasPrefix("HTTP/1.1 408"), "\(answer)")
+        #expect(answer.contains(#""reason":"too_slow""#) && answer.contains("--frame-timeout"), "\(answer)")
+        #expect(answer.lowercased().contains("connection: close"))
+        try await fixture.stop()
+    }
 }
 
 func permutations(_ elements: [Int]) -> [[Int]] {

@@ -24,7 +24,7 @@ final class WebhookFixture: Sendable {
     var methods: EntitlementMethods { self.server.methods }
     var loop: any EventLoop { self.group.next() }
 
-    init(now: Int64, appStore: AppStoreWebhookSettings? = nil, security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks"))) async throws {
+    init(now: Int64, appStore: AppStoreWebhookSettings? = nil, security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks")), frameTimeout: TimeAmount = .seconds(10)) async throws {
         self.directory = FileManager.default.temporaryDirectory.appendingPathComponent("webhooks-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: self.directory, withIntermediateDirectories: true)
         let catalog = #"""
@@ -42,7 +42,7 @@ final class WebhookFixture: Sendable {
         self.ingestion = WebhookIngestion(stripe: StripeWebhookSettings(secrets: ["whsec_rolled_out", Self.secret]), appStore: appStore, clock: { now / 1000 })
         self.server = try await EntitlementsServer.start(
             store: store,
-            configuration: ServerConfiguration(tcp: ("127.0.0.1", 0)),
+            configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), frameTimeout: frameTimeout),
             group: self.group,
             warmAt: now,
             doors: [WebhookListener.door(host: "127.0.0.1", port: 0, ingestion: self.ingestion, security: security)]

@@ -31,35 +31,16 @@ final class DoorStreamHandler: ChannelInboundHandler {
         case healthWatch
     }
 
-    private enum State {
-        /// Waiting for the request's HEADERS.
-        case idle
-        /// Reading the request's DATA.
-        case receiving
-        /// The request is in; the answer is being worked on, or streamed.
-        case answering
-        /// The answer's last frame is written.
-        case done
-    }
-
     private let connection: DoorConnection
     private var methods: EntitlementMethods { self.connection.methods }
     private var context: ChannelHandlerContext!
-    private var state = State.idle
+    /// The call's phase, who counts it, whether its request has ended (DoorStreamState).
+    private var state = DoorStreamState()
     private var kind = Kind.grpc
     private var route = Route.healthCheck
     /// For metrics: the method the call counts as (until routed, none: counted as
     /// `method="unknown"`, as an unknown framed method is).
     private var metricMethod = MethodID(rawValue: 0)
-    /// A watch (or health watch) is running: its end is not an answer to count (the framed
-    /// listener counts only refused watches).
-    private var streaming = false
-    /// The call went to the router, which counts it (and its in-flight time) itself.
-    private var routed = false
-    /// The client has ended its side of the stream (END_STREAM seen). A call answered
-    /// before that (refused early, or its request not arrived in time) is reset after its
-    /// answer, so that the stream is freed however the client goes on.
-    private var requestEnded = false
     private var body = ByteBuffer()
     private var start = NIODeadline.now()
     private var deadline: NIODeadline?
@@ -99,12 +80,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// The stream is gone: work still queued for it is skipped, a watch stops, and nothing
     /// more is written.
     private func ended() {
-        if self.state == .receiving || self.state == .answering, !self.streaming, !self.routed {
+        if self.state.ended() {
             // Dropped (reset, or its connection closed) before it was answered or routed;
             // a routed call is counted by the router, CANCELLED through its scope.
             self.methods.recordAnswers(self.metricMethod, .cancelled, since: self.start)
         }
-        self.state = .done
         self.scope.close()  // a routed call still being worked on counts as CANCELLED
         self.receivingTimer?.cancel()
         self.receivingTimer = nil
@@ -127,15 +107,13 @@ final class DoorStreamHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch self.unwrapInboundIn(data) {
         case .headers(let headers):
-            self.requestEnded = self.requestEnded || headers.endStream
-            if self.state == .idle {
+            if self.state.headers(endStream: headers.endStream) {
                 self.requestHeaders(headers.headers, endStream: headers.endStream)
-            } else if headers.endStream, self.state == .receiving {
+            } else if headers.endStream {
                 self.requestComplete()  // the client's trailers end the request
             }
         case .data(let data):
-            self.requestEnded = self.requestEnded || data.endStream
-            guard self.state == .receiving, case .byteBuffer(var bytes) = data.data else {
+            guard self.state.data(endStream: data.endStream), case .byteBuffer(var bytes) = data.data else {
                 return
             }
             let limit = self.methods.configuration.maximumPayloadSize + (self.kind == .grpc ? 5 : 0)
@@ -165,7 +143,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// timer per call: a request's HEADERS and DATA often come in separate reads, and a
     /// timer per call cost the door 7% of its throughput.
     func channelReadComplete(context: ChannelHandlerContext) {
-        if self.state == .receiving, self.receivingTimer == nil, let deadline = self.deadline {
+        if self.state.phase == .receiving, self.receivingTimer == nil, let deadline = self.deadline {
             let limit = JSONMethods.arrivalLimit(start: self.start, deadline: deadline, frameTimeout: self.methods.configuration.frameTimeout)
             if limit.byDeadline {
                 self.receivingTimer = context.eventLoop.assumeIsolated().scheduleTask(deadline: limit.at) {
@@ -181,7 +159,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// --frame-timeout after its headers) at `now`; `.distantFuture`: its deadline timer
     /// fired. Called by that timer and by the connection's sweep.
     func arrivalOverdue(at now: NIODeadline) {
-        guard self.state == .receiving else {
+        guard self.state.phase == .receiving else {
             return
         }
         let frameTimeout = self.methods.configuration.frameTimeout
@@ -194,7 +172,6 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     private func requestHeaders(_ headers: HPACKHeaders, endStream: Bool) {
         self.start = .now()
-        self.state = .receiving
         let path = String((headers.first(name: ":path") ?? "").split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first ?? "")
         let contentType = headers.first(name: "content-type")
         if let contentType, contentType.lowercased().hasPrefix("application/grpc") {
@@ -294,10 +271,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
     // MARK: Calling
 
     private func requestComplete() {
-        guard self.state == .receiving else {
+        guard self.state.requestComplete() else {
             return
         }
-        self.state = .answering
         self.receivingTimer?.cancel()
         self.receivingTimer = nil
         if self.connection.draining, self.isStream {
@@ -318,7 +294,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             guard case .method(let method) = self.route else {
                 return
             }
-            self.routed = true
+            self.state.routed()
             self.answer(self.methods.unary(method, self.body, context, codec: JSONCodec())) { handler, json in
                 handler.respondJSON(.ok, json)
             }
@@ -326,10 +302,10 @@ final class DoorStreamHandler: ChannelInboundHandler {
         }
         switch self.route {
         case .method(.watchEntitlements):
-            self.routed = true
+            self.state.routed()
             self.watch(context)
         case .method(let method):
-            self.routed = true
+            self.state.routed()
             self.answer(self.methods.unary(method, self.body, context, codec: .grpc)) { handler, answer in
                 handler.respondMessage(answer)
             }
@@ -372,7 +348,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(error.status, error.message)
         case .later(let future):
             future.assumeIsolated().whenSuccess { result in
-                guard self.context != nil, self.state == .answering else {
+                guard self.context != nil, self.state.phase == .answering else {
                     return  // timed out or cancelled meanwhile
                 }
                 switch result {
@@ -400,7 +376,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
         case .success(let watch):
             if !watch.isFinished {
                 self.watch = watch
-                self.streaming = true
+                self.state.streaming()
             }
         case .failure(let error):
             self.fail(error.status, error.message)
@@ -429,7 +405,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             return
         }
         self.lastHealth = status
-        self.streaming = true
+        self.state.streaming()
         self.sendMessage(Self.encode(HealthCheckResponse(status: status)), flush: true)
         guard status != .serviceUnknown else {
             return
@@ -437,7 +413,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
         let handler = NIOLoopBound(self, eventLoop: self.context.eventLoop)
         self.healthTimer = self.context.eventLoop.scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in
             let handler = handler.value
-            guard handler.context != nil, handler.state == .answering else {
+            guard handler.context != nil, handler.state.phase == .answering else {
                 return
             }
             let now: HealthCheckServingStatus = handler.methods.isServing(draining: handler.connection.draining) ? .serving : .notServing
@@ -451,7 +427,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// The server drains: a watch ends (after telling a health watcher NOT_SERVING); a
     /// unary call finishes as usual.
     func drain() {
-        guard self.state == .answering else {
+        guard self.state.phase == .answering else {
             return
         }
         if let watch = self.watch {
@@ -505,13 +481,12 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     /// Ends the call with `status`: trailers (or, before any message, trailers only).
     private func finish(_ status: StatusCode, _ message: String) {
-        guard let context = self.context, self.state != .done else {
+        guard let context = self.context, let finish = self.state.finish() else {
             return
         }
-        self.state = .done
         self.healthTimer?.cancel()
         self.healthTimer = nil
-        if !self.streaming, !self.routed {
+        if finish.count {
             self.methods.recordAnswers(self.metricMethod, status, since: self.start)
         }
         var trailers: HPACKHeaders = [:]
@@ -525,7 +500,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             trailers.add(name: "grpc-message", value: Self.percentEncoded(message))
         }
         context.writeAndFlush(self.wrapOutboundOut(.headers(.init(headers: trailers, endStream: true))), promise: nil)
-        self.resetIfRequestOpen(context)
+        self.resetIfRequestOpen(context, finish)
     }
 
     /// A failed call, in the stream's protocol.
@@ -541,11 +516,10 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     /// A JSON call's answer (Connect's unary protocol): the HTTP status, the JSON body.
     private func respondJSON(_ httpStatus: HTTPResponseStatus, _ json: ByteBuffer, status: StatusCode = .ok) {
-        guard let context = self.context, self.state != .done else {
+        guard let context = self.context, let finish = self.state.finish() else {
             return
         }
-        self.state = .done
-        if !self.routed {
+        if finish.count {
             self.methods.recordAnswers(self.metricMethod, status, since: self.start)
         }
         let body = json
@@ -556,7 +530,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
         ]
         context.write(self.wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
         context.writeAndFlush(self.wrapOutboundOut(.data(.init(data: .byteBuffer(body), endStream: true))), promise: nil)
-        self.resetIfRequestOpen(context)
+        self.resetIfRequestOpen(context, finish)
     }
 
     /// After an answer to a request the client has not ended: the stream is reset with
@@ -564,8 +538,8 @@ final class DoorStreamHandler: ChannelInboundHandler {
     /// it does not stay open, holding the connection out of its idle close and a drain, for
     /// as long as the client sends. NO_ERROR, not the CANCEL that closing the stream channel
     /// sends: gRPC clients then keep the status of the trailers already received.
-    private func resetIfRequestOpen(_ context: ChannelHandlerContext) {
-        if !self.requestEnded {
+    private func resetIfRequestOpen(_ context: ChannelHandlerContext, _ finish: DoorStreamState.Finish) {
+        if finish.reset {
             context.writeAndFlush(self.wrapOutboundOut(.rstStream(.noError)), promise: nil)
         }
     }

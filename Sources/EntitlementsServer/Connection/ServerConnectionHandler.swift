@@ -66,16 +66,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// their own).
     private var watches: [UInt64: WatchStream] = [:]
     private var lastRequestID: UInt64 = 0
-    private var draining = false
+    /// Open, draining, closing or closed; whether reads are paused (FramedConnectionState).
+    private var state = FramedConnectionState()
     /// Tells resolvers on other loops when this connection has closed.
     private let scope: ConnectionScope
     /// Who the client is, and what it may do (docs/security.md).
     private let credentials: ConnectionCredentials
-    /// Set after a connection error, or when a drained connection closes: no more frames are read.
-    private var closing = false
-    /// Reads stop while too many calls are in flight, or while the socket cannot take
-    /// more writes (a client that does not read its answers): backpressure, not buffering.
-    private var readsPaused = false
     private var inReadBatch = false
     private var needsFlush = false
     /// Frames not yet handed to the channel (see `sendOutgoing`).
@@ -109,7 +105,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// for the idle timeout: GOAWAY first, so the client knows why.
     private func armIdleTimer(at deadline: NIODeadline) {
         self.idleTimer = self.context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
-            guard self.context != nil, !self.draining else {
+            guard self.context != nil, self.state.acceptsCalls else {
                 return
             }
             let idleUntil = self.lastActivity + self.configuration.idleTimeout
@@ -117,8 +113,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
                 self.armIdleTimer(at: max(idleUntil, NIODeadline.now() + .nanoseconds(self.configuration.idleTimeout.nanoseconds / 4)))
                 return
             }
+            guard case .goAway = self.state.drain(inFlight: 0) else {
+                return
+            }
             let seconds = Double(self.configuration.idleTimeout.nanoseconds) / 1e9
-            self.draining = true
             self.write(header: .goAway, requestID: self.lastRequestID, payload: ByteBuffer(string: "idle for \(seconds) s; reconnect when needed"))
             self.closeGracefully(waitForReader: false)
         }
@@ -141,12 +139,13 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.lingerTimer?.cancel()
         self.lingerTimer = nil
         self.context = nil
+        self.state.closed()
     }
 
     // MARK: Reading
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !self.closing else {
+        guard self.state.isReadingFrames else {
             return
         }
         let bytes = self.unwrapInboundIn(data)
@@ -202,7 +201,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private static let prefetchLimit = 64
 
     private func handle(_ frame: Frame) {
-        guard !self.closing else {
+        guard self.state.isReadingFrames else {
             return
         }
         self.frameOffset = self.consumed
@@ -237,7 +236,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     func channelInactive(context: ChannelHandlerContext) {
         self.scope.close()  // checks still queued on other loops for this connection are skipped
         // The peer closed: a frame it left unfinished is reported (logged), not answered.
-        if !self.closing {
+        if self.state.isReadingFrames {
             do {
                 try self.frames.finishProcessing(seenEOF: true) { _ in }
             } catch {
@@ -295,7 +294,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return
         }
         self.lastRequestID = frame.requestID
-        if self.draining {
+        if !self.state.acceptsCalls {
             return  // after GOAWAY: not processed, no answer; the client retries elsewhere
         }
         let deadline = frame.timeoutMicroseconds > 0
@@ -324,7 +323,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             scope: self.scope,
             access: self.plainCall.access,
             start: self.current.start,
-            draining: self.draining
+            draining: !self.state.acceptsCalls
         )
     }
 
@@ -488,18 +487,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard let context = self.context else {
             return
         }
-        // Once draining (GOAWAY sent) nothing new is accepted, so reading costs nothing and
-        // keeps the receive buffer empty: a close with unread input is answered with a
-        // reset, which would drop the answers still on their way to the client.
-        let shouldPause = !self.draining
-            && (self.pending.count >= self.configuration.maximumInFlightPerConnection || !context.channel.isWritable)
-        if shouldPause, !self.readsPaused {
-            self.readsPaused = true
+        switch self.state.reading(inFlight: self.pending.count, limit: self.configuration.maximumInFlightPerConnection, writable: context.channel.isWritable) {
+        case .pause:
             context.channel.setOption(ChannelOptions.autoRead, value: false).whenComplete { _ in }
-        } else if !shouldPause, self.readsPaused {
-            self.readsPaused = false
+        case .resume:
             context.channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
             context.read()
+        case .unchanged:
+            break
         }
     }
 
@@ -579,7 +574,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// (at its end, or as soon as 16 KiB are waiting), or at once outside a read batch (a
     /// hop's answer, a watch event, a timer).
     private func sendOutgoing() {
-        if self.closing {
+        if !self.state.isReadingFrames {
             // The connection's last frame (the final answer, a GOAWAY or an ERROR) is out:
             // nothing follows it, not even a late answer from another loop.
             self.outgoing.clear()
@@ -629,7 +624,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     private func afterCompletion() {
         self.updateReading()
-        if self.draining, self.pending.isEmpty, !self.closing {
+        if self.state.closesAfterCall(inFlight: self.pending.count) {
             self.closeGracefully()  // the rest of this read batch is not processed
         }
     }
@@ -644,11 +639,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// `waitForReader`: a drain waits for a slow reader to take every answer (serve's
     /// --drain-timeout bounds it); an idle or broken connection gets `closeLinger` in all.
     private func closeGracefully(waitForReader: Bool = true) {
-        guard let context = self.context, !self.closing else {
-            return
+        guard let context = self.context, self.state.close() else {
+            return  // already closing
         }
-        self.closing = true  // nothing more is read as frames
-        self.draining = true
         self.needsFlush = false
         self.flushOutgoing()
         self.updateReading()
@@ -679,17 +672,16 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// GOAWAY with the last accepted id; finish what is pending; then close.
     private func drain() {
-        guard !self.draining else {
+        guard case .goAway(let closeNow) = self.state.drain(inFlight: self.pending.count) else {
             return
         }
-        self.draining = true
         self.write(header: .goAway, requestID: self.lastRequestID, payload: ByteBuffer(string: "server shutting down"))
         for watch in Array(self.watches.values) {
             watch.finish(.unavailable, "the server is shutting down; resubscribe")
         }
         self.updateReading()  // paused reads resume: input after GOAWAY is read and dropped
         self.flushIfNeeded()
-        if self.pending.isEmpty {
+        if closeNow {
             self.closeGracefully()  // a frame left unread is ours to drop, not the client's error
         }
     }
@@ -698,7 +690,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard let context = self.context else {
             return
         }
-        guard !self.closing else {
+        guard self.state.isReadingFrames else {
             return
         }
         // One line per connection error; requests are never logged at the default level.
@@ -736,10 +728,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     private func slowSenderTimerFired() {
-        guard self.context != nil, !self.closing, self.received > self.consumed else {
+        guard self.context != nil, self.state.isReadingFrames, self.received > self.consumed else {
             return  // nothing partial
         }
-        if self.readsPaused || self.consumed != self.consumedWhenArmed {
+        if self.state.readsPaused || self.consumed != self.consumedWhenArmed {
             self.armSlowSenderTimer()  // frames completed meanwhile, or we stopped reading
             return
         }

@@ -46,7 +46,8 @@ bench: deps
 # (the fleet tests start their own, docs/fleet.md); Python's protobuf package for
 # codegen/protoc-gen-swift-shim; the doors' foreign clients (grpc-go with the protobuf 1.5
 # runtime and protoc-gen-go from Debian, curl; grpcio, grpcio-tools,
-# grpcio-health-checking and h2 from PyPI). Installs only what is missing.
+# grpcio-health-checking and h2 from PyPI); opentelemetry-proto from PyPI for the tracing
+# test's OTLP receiver. Installs only what is missing.
 deps:
 	@missing=""; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
@@ -70,8 +71,8 @@ deps:
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-protobuf >/dev/null; }
 	@python3 -c 'import google.protobuf' \
 	  || { echo "make deps: python3 cannot import google.protobuf; install it with pip or apt (python3-protobuf)" >&2; exit 1; }
-	@python3 -c 'import grpc, grpc_tools, grpc_health.v1, h2' 2>/dev/null \
-	  || python3 -m pip install --quiet grpcio grpcio-tools grpcio-health-checking h2
+	@python3 -c 'import grpc, grpc_tools, grpc_health.v1, h2, opentelemetry.proto' 2>/dev/null \
+	  || python3 -m pip install --quiet grpcio grpcio-tools grpcio-health-checking h2 opentelemetry-proto
 	@python3 -c 'import yaml' 2>/dev/null \
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-yaml >/dev/null; } \
 	  || python3 -m pip install --quiet pyyaml

@@ -26,6 +26,7 @@ let package = Package(
         .library(name: "EntitlementsDoors", targets: ["EntitlementsDoors"]),
         .library(name: "EntitlementsSecurity", targets: ["EntitlementsSecurity"]),
         .library(name: "EntitlementsIngestion", targets: ["EntitlementsIngestion"]),
+        .library(name: "EntitlementsTracing", targets: ["EntitlementsTracing"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -44,6 +45,10 @@ let package = Package(
         // Already in the graph through postgres-nio: the App Store's x5c chains.
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
+        // Spans for every call (docs/tracing.md): the API in the server, and swift-otel's
+        // OTLP/HTTP exporter (its gRPC exporter, and grpc-swift with it, left out).
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.3"),
+        .package(url: "https://github.com/swift-otel/swift-otel.git", from: "1.6.0", traits: ["OTLPHTTP"]),
     ],
     targets: [
         // MARK: C: libprotobuf-c, the protoc-c output, and the arena shim.
@@ -153,6 +158,7 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -230,6 +236,19 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The OTLP exporter of serve's --otlp-endpoint (docs/tracing.md): swift-otel's tracer
+        // and its background service, for the composition root; the server itself knows
+        // only the Tracing API.
+        .target(
+            name: "EntitlementsTracing",
+            dependencies: [
+                .product(name: "OTel", package: "swift-otel"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The operations behind `entitlements snapshot ...`, and synthetic data.
         .target(
             name: "EntitlementsTools",
@@ -257,6 +276,7 @@ let package = Package(
                 "EntitlementsDoors",
                 "EntitlementsSecurity",
                 "EntitlementsIngestion",
+                "EntitlementsTracing",
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -340,6 +360,7 @@ let package = Package(
                 "EntitlementsResolver",
                 "EntitlementsWire",
                 "EntitlementsTools",
+                "EntitlementsTracing",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -44,6 +44,8 @@ final class DoorStreamHandler: ChannelInboundHandler {
     private var body = ByteBuffer()
     private var start = NIODeadline.now()
     private var deadline: NIODeadline?
+    /// The caller's W3C trace context, read only when tracing is on.
+    private var traceHeaders: TraceHeaders?
     /// Ends a call whose request has not arrived in full by its deadline; once it has,
     /// the router holds the call to its deadline.
     private var receivingTimer: Scheduled<Void>?
@@ -222,6 +224,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(error.status, error.message)
             return
         }
+        if self.methods.isTracing {
+            self.traceHeaders = TraceHeaders(traceparent: headers.first(name: "traceparent"), tracestate: headers.first(name: "tracestate"))
+        }
         switch self.timeout(headers) {
         case .success(let timeout):
             if let timeout {
@@ -282,7 +287,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             self.fail(.unavailable, "the server is shutting down; resubscribe")
             return
         }
-        let context = CallContext(
+        var context = CallContext(
             eventLoop: self.context.eventLoop,
             deadline: self.deadline,
             scope: self.scope,
@@ -290,6 +295,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             start: self.start,
             draining: self.connection.draining
         )
+        context.traceHeaders = self.traceHeaders
         if self.kind == .json {
             guard case .method(let method) = self.route else {
                 return

@@ -60,6 +60,11 @@ struct JSONCodec: CallCodec {
     func byteCount(of encoded: ByteBuffer) -> Int {
         encoded.readableBytes
     }
+
+    /// Connect's unary protocol, JSON flavour.
+    var rpcSystem: String {
+        "connect_rpc"
+    }
 }
 
 /// What the JSON door says around a call: timeouts, routes, errors in Connect's shape

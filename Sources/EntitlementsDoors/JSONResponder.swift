@@ -62,13 +62,16 @@ final class JSONResponder: HTTP1Responder {
         case .failure(let error):
             return .now(self.refuse(JSONMethods.httpStatus(error.status), error, start: start))
         }
-        let call = CallContext(
+        var call = CallContext(
             eventLoop: eventLoop,
             deadline: self.deadline(head, start: start),
             scope: self.scope,
             access: access,
             start: start
         )
+        if self.methods.isTracing {
+            call.traceHeaders = TraceHeaders(traceparent: head.headers.first(name: "traceparent"), tracestate: head.headers.first(name: "tracestate"))
+        }
         switch self.methods.unary(method, body, call, codec: JSONCodec()) {
         case .now(let result):
             return .now(Self.answer(result))

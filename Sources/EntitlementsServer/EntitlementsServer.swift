@@ -249,6 +249,7 @@ public final class EntitlementsServer: Sendable {
         metrics: ServerMetrics = ServerMetrics(),
         logger: Logger = Logger(label: "entitlements.server"),
         doors: [ServerDoor] = [],
+        tracing: CallTracing? = nil,
         report: @escaping @Sendable (String) -> Void = { _ in }
     ) async throws -> EntitlementsServer {
         // By default the resolvers run on the connections' event loops, so a check whose
@@ -274,7 +275,7 @@ public final class EntitlementsServer: Sendable {
             report: report
         )
         store.onCommit { write, done in services.afterCommit(write, done: done) }
-        let methods = EntitlementMethods(services: services, configuration: configuration)
+        let methods = EntitlementMethods(services: services, configuration: configuration, tracing: tracing)
         // A quiescing helper per listener: one helper keeps the connections of the first
         // listener it was given only, so with one for both the Unix socket's connections
         // were never drained.

@@ -5,6 +5,7 @@ import EntitlementsFleet
 import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsStore
+import EntitlementsTracing
 import Foundation
 import Logging
 import Metrics
@@ -149,6 +150,10 @@ struct ServeCommand: AsyncParsableCommand {
     var tlsClientCa: String?
     @Option(help: "What a client certificate may do, by its subject's common name: NAME=PERMISSIONS entries, * for the rest (default *=check,write).")
     var tlsClientPermissions: String?
+    @Option(help: "Send a span per call to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (docs/tracing.md); off by default.")
+    var otlpEndpoint: String?
+    @Option(help: "The share of the traces this server starts that it records, 0 to 1 (default 0.01); a caller's sampled trace is always recorded.")
+    var traceSampleRatio: String?
 
     /// The flags given, by setting name.
     private var flagValues: [String: String] {
@@ -169,6 +174,7 @@ struct ServeCommand: AsyncParsableCommand {
             ("unix-permissions", self.unixPermissions), ("unix-anonymous", self.unixAnonymous), ("unix-mode", self.unixMode), ("unix-owner", self.unixOwner),
             ("grpc-permissions", self.grpcPermissions), ("grpc-anonymous", self.grpcAnonymous), ("admin-anonymous", self.adminAnonymous),
             ("tls-cert", self.tlsCert), ("tls-key", self.tlsKey), ("tls-client-ca", self.tlsClientCa), ("tls-client-permissions", self.tlsClientPermissions),
+            ("otlp-endpoint", self.otlpEndpoint), ("trace-sample-ratio", self.traceSampleRatio),
         ]
         for case let (name, value?) in options {
             values[name] = value
@@ -265,6 +271,15 @@ struct ServeCommand: AsyncParsableCommand {
         // runs waits in the sequence's buffer). Until here, a signal ends the process as
         // usual: nothing has been accepted yet.
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+        // Spans, when --otlp-endpoint is given: the router's tracing rule, and the exporter
+        // run in the ServiceGroup (stopped last, so that the drain's calls are sent too).
+        var tracing: OTLPTracing?
+        do {
+            tracing = try settings.tracing().map { try OTLPTracing.start($0, logger: logger) }
+        } catch {
+            Self.say("error: cannot serve: \(error)")
+            throw ExitCode(2)
+        }
         let server: EntitlementsServer
         do {
             server = try await EntitlementsServer.start(
@@ -274,7 +289,8 @@ struct ServeCommand: AsyncParsableCommand {
                 metrics: metrics,
                 logger: logger,
                 doors: (try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1, security: security.grpc)] } ?? [])
-                    + (try settings.webhooks(factory: factory, security: security.webhooks).map { [$0] } ?? [])
+                    + (try settings.webhooks(factory: factory, security: security.webhooks).map { [$0] } ?? []),
+                tracing: tracing.map { CallTracing(tracer: $0.tracer) }
             ) { message in
                 logger.notice("\(message)")
             }
@@ -319,6 +335,10 @@ struct ServeCommand: AsyncParsableCommand {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: signalHandler, successTerminationBehavior: .ignore, failureTerminationBehavior: .cancelGroup),
         ]
+        if let tracing {
+            // A collector that cannot be reached loses spans (swift-otel logs it), never calls.
+            services.append(.init(service: tracing.service, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
+        }
         if security.tokens != nil || security.tls != nil {
             let reloader = CredentialReloader(tokens: security.tokens, tls: security.tls, signals: await UnixSignalsSequence(trapping: .sighup), failures: metrics.reloadFailures, say: Self.say)
             services.append(.init(service: reloader, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))

@@ -5,6 +5,7 @@ import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsCache
 import EntitlementsStore
+import EntitlementsTracing
 import Foundation
 import Logging
 import Metrics
@@ -69,6 +70,8 @@ struct ServeSettings {
         Key(name: "stripe-customer-key", defaultValue: "user_id", help: "the metadata key naming the user id on Stripe subscriptions and customers"),
         Key(name: "appstore-root-cert", defaultValue: nil, help: "Apple Root CA - G3 (PEM or DER) App Store notifications must chain to; turns on POST /webhooks/appstore"),
         Key(name: "appstore-bundle-id", defaultValue: nil, help: "the app bundle ids whose App Store notifications are accepted, comma-separated"),
+        Key(name: "otlp-endpoint", defaultValue: nil, help: "send a span per call to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (docs/tracing.md); off by default"),
+        Key(name: "trace-sample-ratio", defaultValue: "0.01", help: "the share of the traces this server starts that it records, 0 to 1; a caller's sampled trace is always recorded"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
         Key(name: "min-sequence-wait", defaultValue: "100ms", help: "how long a check with min_log_sequence waits for this server to apply it"),
         Key(name: "postgres", defaultValue: nil, help: "fleet mode: the shared PostgreSQL database, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (docs/fleet.md)", variable: "ENTITLEMENTS_POSTGRES_URL"),
@@ -437,6 +440,7 @@ struct ServeSettings {
         _ = try self.address("admin")
         _ = try self.address("grpc-listen")
         _ = try self.webhooks()
+        _ = try self.tracing()
         _ = try self.logLevel()
         _ = try self.integer("threads", in: 1...1_024)
         let security = try given ?? self.listenerSecurity()
@@ -546,6 +550,22 @@ extension ServeSettings {
 
     /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its
     /// counters go to `factory` (the server's Prometheus registry).
+    /// --otlp-endpoint and --trace-sample-ratio: where spans go, or nil (tracing off).
+    func tracing() throws -> OTLPTracingSettings? {
+        let ratioText = self.text("trace-sample-ratio") ?? "0.01"
+        guard let ratio = Double(ratioText), ratio >= 0, ratio <= 1 else {
+            throw ValidationError("\(self.origin("trace-sample-ratio")) must be a number from 0 to 1 (e.g. 0.01), got \"\(ratioText)\"")
+        }
+        guard let endpoint = self.text("otlp-endpoint") else {
+            return nil
+        }
+        let settings = OTLPTracingSettings(endpoint: endpoint, sampleRatio: ratio)
+        if let problem = settings.problem {
+            throw ValidationError("\(self.origin("otlp-endpoint")): \(problem)")
+        }
+        return settings
+    }
+
     func webhooks(factory: (any MetricsFactory)? = nil, security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks"))) throws -> ServerDoor? {
         let address = try self.address("webhooks-listen")
         let stripe = try self.stripeWebhooks()

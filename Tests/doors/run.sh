@@ -9,7 +9,8 @@
 #   - curl: the README's JSON line;
 #   - every method through every transport (framed TCP, Unix and TLS, gRPC, JSON over
 #     HTTP/2 and HTTP/1.1, plain and TLS) against one table of permissions and limits
-#     (Tests/doors/test_every_door.py, which starts two servers of its own).
+#     (Tests/doors/test_every_door.py, which starts two servers of its own);
+#   - tracing: spans sent to an OTLP/HTTP receiver the test runs (Tests/doors/test_tracing.py).
 # Usage: Tests/doors/run.sh [path/to/entitlements]   (default .build/debug/entitlements)
 # Talks to loopback only; stops the server it started, by its pid.
 set -euo pipefail
@@ -86,4 +87,6 @@ kill -TERM "$pid"; wait "$pid" || true
 pid=""
 echo "doors: every method through every transport, with and without tokens, plain and TLS (Python)"
 python3 Tests/doors/test_every_door.py "$ENT"
+echo "doors: tracing, against an OTLP/HTTP receiver (opentelemetry-proto)"
+python3 Tests/doors/test_tracing.py "$ENT"
 echo "doors: all foreign clients passed"

@@ -22,6 +22,9 @@ public protocol CallCodec: Sendable {
 
     /// The size of an encoded answer's message, for ``AnswerLimit``.
     func byteCount(of encoded: Encoded) -> Int
+
+    /// The transport's protocol, as a span's `rpc.system` names it (``CallTracing``).
+    var rpcSystem: String { get }
 }
 
 /// A request message of `entitlements.v1.EntitlementService`: protobuf, or protobuf's JSON
@@ -105,6 +108,10 @@ public struct ProtobufCodec: CallCodec {
         encoded.readableBytes - (self.grpcFraming ? 5 : 0)
     }
 
+    public var rpcSystem: String {
+        self.grpcFraming ? "grpc" : "entitlements_framed"
+    }
+
     private func encoded(capacity: Int = 0, _ write: (inout ByteBuffer) throws -> Void) rethrows -> ByteBuffer {
         var buffer = ByteBuffer()
         buffer.reserveCapacity(capacity)
@@ -168,6 +175,7 @@ extension CheckAnswer {
 /// "One set of rules"). A transport finds the method, makes the call's ``CallContext`` and
 /// supplies its ``CallCodec``; the router applies the rules every call obeys, in this order:
 ///
+/// 0. with tracing on, the call gets a span (``CallTracing``), ended when it is counted;
 /// 1. the method exists and is unary (else UNIMPLEMENTED);
 /// 2. the caller may call it (``authorize(_:_:)``: UNAUTHENTICATED or PERMISSION_DENIED),
 ///    whatever the request holds;
@@ -200,6 +208,10 @@ extension EntitlementMethods {
     // Inlined into each entry point, so that the protobuf one is compiled for its codec.
     @inline(__always)
     private func route<Codec: CallCodec>(_ method: MethodID, _ body: ByteBuffer, _ call: CallContext, codec: Codec) -> MethodResult<Codec.Encoded> {
+        var call = call
+        if let tracing = self.tracing {
+            call.span = tracing.start(method, call, system: codec.rpcSystem)
+        }
         if let refusal = Self.unaryRefusal(method) ?? self.authorize(method, call) ?? Self.expired(call) {
             return self.accounted(method, .now(.failure(refusal)), call)
         }
@@ -265,9 +277,10 @@ extension EntitlementMethods {
             switch method {
             case .checkEntitlements:
                 let request = try codec.decode(CheckEntitlementsRequest.self, from: body)
-                return Self.encoded(self.checkEntitlements(request, call), codec) { try codec.encode($0) }
+                return Self.encoded(self.checkEntitlements(request, call).noted(on: call.span), codec) { try codec.encode($0) }
             case .batchCheckEntitlements:
                 let request = try codec.decode(BatchCheckEntitlementsRequest.self, from: body)
+                call.span?.note(batchOf: request.userIds.count)
                 return Self.encoded(self.batchCheckEntitlements(request, call), codec) { try codec.encode($0) }
             case .health:
                 _ = try codec.decode(HealthRequest.self, from: body)  // garbage is refused, not answered
@@ -337,6 +350,33 @@ extension EntitlementMethods {
     /// together, and a check its client cancels as CANCELLED when it does.
     @inline(__always)
     public func check(_ payload: ByteBuffer, _ call: CallContext) -> MethodResult<CheckAnswer> {
+        if let tracing = self.tracing {
+            return self.tracedCheck(payload, call, tracing)
+        }
+        return self.untracedCheck(payload, call)
+    }
+
+    /// ``check(_:_:)-(ByteBuffer,_)`` in its span (rule 0), ended when its answer is ready.
+    @inline(never)
+    private func tracedCheck(_ payload: ByteBuffer, _ call: CallContext, _ tracing: CallTracing) -> MethodResult<CheckAnswer> {
+        var call = call
+        let span = tracing.start(.checkEntitlements, call, system: ProtobufCodec.framed.rpcSystem)
+        call.span = span
+        switch self.untracedCheck(payload, call).noted(on: span) {
+        case .now(let result):
+            span.end(result)
+            return .now(result)
+        case .later(let future):
+            let scope = call.scope
+            return .later(future.map { result in
+                scope.isClosed ? span.end(.cancelled, "the caller went away") : span.end(result)
+                return result
+            })
+        }
+    }
+
+    @inline(__always)
+    private func untracedCheck(_ payload: ByteBuffer, _ call: CallContext) -> MethodResult<CheckAnswer> {
         // Rule 3 is the resolver's here: it reads the clock for a check with a deadline
         // anyway, and answers one past it DEADLINE_EXCEEDED without resolving.
         if let refusal = self.authorize(.checkEntitlements, call) {
@@ -384,12 +424,19 @@ extension EntitlementMethods {
         switch result {
         case .now(let result):
             self.recordAnswers(method, result.status, since: call.start)
+            call.span?.end(result)
             return .now(result)
         case .later:
             let metrics = self.services.metrics
-            let (scope, start) = (call.scope, call.start)
+            let (scope, start, span) = (call.scope, call.start, call.span)
             return self.timed(result, call) { result in
-                metrics.answered(method, scope.isClosed ? .cancelled : result.status, since: start)
+                if scope.isClosed {
+                    metrics.answered(method, .cancelled, since: start)
+                    span?.end(.cancelled, "the caller went away")
+                } else {
+                    metrics.answered(method, result.status, since: start)
+                    span?.end(result)
+                }
             }
         }
     }
@@ -443,6 +490,30 @@ extension EntitlementMethods {
     /// Counts `count` answered calls of `method` with `status`, read at `start`.
     public func recordAnswers(_ method: MethodID, _ status: StatusCode, count: Int = 1, since start: NIODeadline) {
         self.services.metrics.answered(method, status, count: count, since: start)
+    }
+}
+
+extension MethodResult where Value == CheckAnswer {
+    /// The result, its answer noted on `span` (where it came from) when there is one.
+    @inline(__always)
+    func noted(on span: CallSpan?) -> Self {
+        guard let span else {
+            return self
+        }
+        switch self {
+        case .now(let result):
+            if case .success(let answer) = result {
+                span.note(answer)
+            }
+            return self
+        case .later(let future):
+            return .later(future.map { result in
+                if case .success(let answer) = result {
+                    span.note(answer)
+                }
+                return result
+            })
+        }
     }
 }
 

@@ -49,6 +49,10 @@ public struct CallContext {
     public var start: NIODeadline
     /// The caller's connection is being drained (told to go away): Health says NOT_SERVING.
     public var draining: Bool
+    /// The caller's W3C trace context, read by the transport when tracing is on.
+    public var traceHeaders: TraceHeaders?
+    /// The call's span, opened by the router when tracing is on (``CallTracing``).
+    var span: CallSpan?
 
     public init(
         eventLoop: any EventLoop,
@@ -80,9 +84,18 @@ public final class EntitlementMethods: Sendable {
     /// The server's settings (limits, staleness policy, version).
     public let configuration: ServerConfiguration
 
-    init(services: ServerServices, configuration: ServerConfiguration) {
+    /// Spans for every routed call, or nil (``CallTracing``).
+    let tracing: CallTracing?
+
+    init(services: ServerServices, configuration: ServerConfiguration, tracing: CallTracing?) {
         self.services = services
         self.configuration = configuration
+        self.tracing = tracing
+    }
+
+    /// Whether calls are traced: a transport reads the caller's trace context only then.
+    public var isTracing: Bool {
+        self.tracing != nil
     }
 
     var pool: ResolverPool { self.services.pool }
@@ -111,7 +124,9 @@ public final class EntitlementMethods: Sendable {
             deadline: context.deadline
         )
         if request.minLogSequence > 0, self.store.appliedSequence < request.minLogSequence {
+            context.span?.waiting(forSequence: request.minLogSequence)
             return .later(self.afterCatchingUp(to: request.minLogSequence, on: context.eventLoop) { methods in
+                context.span?.caughtUp()
                 let promise = context.eventLoop.makePromise(of: CheckOutcome.self)
                 methods.pool.check(query, for: context.scope, completing: promise)
                 let stale = methods.freshness().staleForMilliseconds
@@ -484,8 +499,13 @@ public struct CheckAnswer: Sendable {
     public var customerId: String?
     public var requestDate: Int64
     public var staleForMilliseconds: UInt64
+    /// Where the answer came from.
+    public var source: AnswerSource
+
     /// Whether the answer came from the cache (the framed protocol's FROM_CACHE flag).
-    public var fromCache: Bool
+    public var fromCache: Bool {
+        self.source == .cache
+    }
 
     /// Writes the encoded CheckEntitlementsResponse.
     public func write(into buffer: inout ByteBuffer) {
@@ -505,8 +525,8 @@ public struct CheckAnswer: Sendable {
     @inline(__always)
     static func make(_ outcome: CheckOutcome, query: CheckQuery, staleForMilliseconds: UInt64) -> Result<CheckAnswer, ServiceError> {
         switch outcome {
-        case .answer(let answer, let customerId, let fromCache):
-            .success(CheckAnswer(answer: answer, userId: query.userId, customerId: customerId, requestDate: query.instant, staleForMilliseconds: staleForMilliseconds, fromCache: fromCache))
+        case .answer(let answer, let customerId, let source):
+            .success(CheckAnswer(answer: answer, userId: query.userId, customerId: customerId, requestDate: query.instant, staleForMilliseconds: staleForMilliseconds, source: source))
         default:
             .failure(outcome.failure(userId: nil, batch: false))
         }

@@ -23,9 +23,19 @@ struct CheckQuery: Sendable {
 }
 
 /// What a resolver made of a query.
+/// Where a check's answer came from.
+public enum AnswerSource: UInt8, Sendable {
+    /// The answer cache.
+    case cache
+    /// Resolved from the customer's record, read on the resolver's loop (in memory).
+    case memory
+    /// Resolved from the customer's record, read from the disk on a cold-read thread.
+    case disk
+}
+
 enum CheckOutcome: Sendable {
     /// The answer; `customerId` is nil for an unknown user.
-    case answer(CachedAnswer, customerId: String?, fromCache: Bool)
+    case answer(CachedAnswer, customerId: String?, source: AnswerSource)
     /// The user id is an alias of a customer another resolver owns: ask it by the
     /// customer id. (It reads the record itself: a record read here could be older than
     /// a write the owner has already been told about.)
@@ -193,7 +203,7 @@ final class ResolverCore {
     /// else by the id as asked, alias or not (so that an alias that moved is followed).
     private func lookUp(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32, readAs: String? = nil) -> CheckOutcome {
         if let answer = self.cache.answer(for: key, hash: hash, at: query.instant) {
-            return .answer(answer, customerId: canonical, fromCache: true)
+            return .answer(answer, customerId: canonical, source: .cache)
         }
         return self.readHere(query, customerId: readAs)
     }
@@ -268,7 +278,7 @@ final class ResolverCore {
         switch read {
         case .unknown(let sequence):
             // Empty, valid forever (until a write creates the user).
-            return .answer(CachedAnswer.empty(resolvedAt: query.instant, logSequence: sequence), customerId: nil, fromCache: false)
+            return .answer(CachedAnswer.empty(resolvedAt: query.instant, logSequence: sequence), customerId: nil, source: .memory)
         case .elsewhere(let owner, let customerId):
             return .forward(shard: owner, customerId: customerId)
         case .resolved(let answer, let customerId):
@@ -277,7 +287,7 @@ final class ResolverCore {
                 // again, as a forward to this very resolver.
                 return .forward(shard: self.shard, customerId: customerId)
             }
-            return .answer(answer, customerId: customerId, fromCache: false)
+            return .answer(answer, customerId: customerId, source: .memory)
         case .failed(let reason):
             return .failed(reason)
         case .abandoned:
@@ -481,6 +491,8 @@ public final class ResolverPool: Sendable {
                 switch core.outcome(of: read, for: waiting) {
                 case .forward(let owner, let customerId):
                     self.check(waiting, owner: owner, customerId: customerId, completing: promise)
+                case .answer(let answer, let customerId, _):
+                    promise.succeed(.answer(answer, customerId: customerId, source: .disk))
                 case let outcome:
                     promise.succeed(outcome)
                 }

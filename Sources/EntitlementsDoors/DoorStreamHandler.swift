@@ -128,7 +128,11 @@ final class DoorStreamHandler: ChannelInboundHandler {
                 }
                 return
             }
-            self.body.writeBuffer(&bytes)
+            if self.body.readableBytes == 0 {
+                self.body = bytes  // the usual one DATA frame: its bytes as they are, no copy
+            } else {
+                self.body.writeBuffer(&bytes)
+            }
             if data.endStream {
                 self.requestComplete()
             }
@@ -174,7 +178,8 @@ final class DoorStreamHandler: ChannelInboundHandler {
 
     private func requestHeaders(_ headers: HPACKHeaders, endStream: Bool) {
         self.start = .now()
-        let path = String((headers.first(name: ":path") ?? "").split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first ?? "")
+        let fullPath = headers.first(name: ":path") ?? ""
+        let path = fullPath.utf8.contains(UInt8(ascii: "?")) ? String(fullPath.prefix { $0 != "?" }) : fullPath
         let contentType = headers.first(name: "content-type")
         if let contentType, contentType.lowercased().hasPrefix("application/grpc") {
             self.kind = .grpc
@@ -459,8 +464,7 @@ final class DoorStreamHandler: ChannelInboundHandler {
             return
         }
         self.sentHeaders = true
-        let headers: HPACKHeaders = [":status": "200", "content-type": "application/grpc"]
-        self.context.write(self.wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
+        self.context.write(self.wrapOutboundOut(.headers(.init(headers: Self.okHeaders))), promise: nil)
     }
 
     private func sendMessage(_ message: ByteBuffer, flush: Bool) {
@@ -494,6 +498,12 @@ final class DoorStreamHandler: ChannelInboundHandler {
         self.healthTimer = nil
         if finish.count {
             self.methods.recordAnswers(self.metricMethod, status, since: self.start)
+        }
+        if self.sentHeaders, status == .ok, message.isEmpty {
+            // The usual end of a unary call: trailers made once.
+            context.writeAndFlush(self.wrapOutboundOut(.headers(.init(headers: Self.okTrailers, endStream: true))), promise: nil)
+            self.resetIfRequestOpen(context, finish)
+            return
         }
         var trailers: HPACKHeaders = [:]
         if !self.sentHeaders {
@@ -557,6 +567,10 @@ final class DoorStreamHandler: ChannelInboundHandler {
         let status: StatusCode = httpStatus == .unsupportedMediaType ? .invalidArgument : .unimplemented
         self.respondJSON(httpStatus, JSONMethods.errorBody(ServiceError(status, message)), status: status)
     }
+
+    /// A gRPC answer's headers, and an OK call's trailers: made once, shared by every call.
+    private static let okHeaders: HPACKHeaders = [":status": "200", "content-type": "application/grpc"]
+    private static let okTrailers: HPACKHeaders = ["grpc-status": "0"]
 
     /// `grpc-message`'s percent-encoding: bytes outside printable ASCII, and `%`, as %XX.
     static func percentEncoded(_ text: String) -> String {

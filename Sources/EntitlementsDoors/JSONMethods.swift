@@ -12,15 +12,13 @@ enum DoorRoutes {
     static let servicePrefix = "/entitlements.v1.EntitlementService/"
     static let healthPrefix = "/grpc.health.v1.Health/"
 
-    /// Every method of the service by its name in service.proto.
-    static let methods: [String: MethodID] = Dictionary(uniqueKeysWithValues: MethodID.all.filter { $0 != .authenticate }.map { ("\($0)", $0) })
+    /// Every method of the service by its path, `/entitlements.v1.EntitlementService/<name
+    /// in service.proto>`.
+    static let methods: [String: MethodID] = Dictionary(uniqueKeysWithValues: MethodID.all.filter { $0 != .authenticate }.map { (Self.servicePrefix + "\($0)", $0) })
 
     /// The method a path names, or nil.
     static func method(path: String) -> MethodID? {
-        guard path.hasPrefix(Self.servicePrefix) else {
-            return nil
-        }
-        return Self.methods[String(path.dropFirst(Self.servicePrefix.count))]
+        Self.methods[path]
     }
 }
 

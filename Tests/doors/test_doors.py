@@ -13,7 +13,6 @@ import os
 import queue
 import socket
 import sys
-import tempfile
 import threading
 import time
 import unicodedata
@@ -25,29 +24,13 @@ import h2.config
 import h2.connection
 import h2.events
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_tools import protoc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PORT = int(os.environ["DOOR_PORT"])
 ADMIN = int(os.environ["ADMIN_PORT"])
 SERVICE = "/entitlements.v1.EntitlementService/"
 
 
-def generate_stubs():
-    out = tempfile.mkdtemp(prefix="door-stubs-")
-    status = protoc.main([
-        "protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + out, "--grpc_python_out=" + out,
-        "entitlements/v1/types.proto", "entitlements/v1/service.proto",
-    ])
-    if status != 0:
-        raise SystemExit("grpc_tools.protoc failed on proto/")
-    sys.path.insert(0, out)
-
-
-generate_stubs()
-from entitlements.v1 import service_pb2 as svc  # noqa: E402
-from entitlements.v1 import service_pb2_grpc  # noqa: E402
-from entitlements.v1 import types_pb2 as types  # noqa: E402
+from stubs import service_pb2_grpc, svc, types  # noqa: E402
 
 # 2026-02-01T00:00:00Z: user-1's monthly subscription (docs/examples) is active then.
 AT = 1769904000000

@@ -36,7 +36,6 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
-from grpc_tools import protoc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, ".build/debug/entitlements"))
@@ -46,12 +45,7 @@ WRITE_TOKEN = "w" * 40
 AT = 1769904000000  # user-1's subscription is active then (docs/examples)
 SERVICE = "/entitlements.v1.EntitlementService/"
 
-if protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + WORK,
-                "entitlements/v1/types.proto", "entitlements/v1/service.proto"]) != 0:
-    raise SystemExit("grpc_tools.protoc failed on proto/")
-sys.path.insert(0, WORK)
-from entitlements.v1 import service_pb2 as svc  # noqa: E402
-from entitlements.v1 import types_pb2 as types  # noqa: E402
+from stubs import svc, types  # noqa: E402
 
 # The status codes of docs/PROTOCOL.md section 5, by number, as every transport names them.
 STATUS = {0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",

@@ -7,28 +7,17 @@ import http.client
 import json
 import os
 import ssl
-import sys
-import tempfile
 import unittest
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_tools import protoc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PORT = int(os.environ["SECURE_PORT"])
 CA = os.environ["CA"]
 TOKEN = os.environ["TOKEN"]
 AT = 1769904000000  # user-1's subscription is active then (docs/examples)
 
-out = tempfile.mkdtemp(prefix="secure-door-stubs-")
-if protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + out, "--grpc_python_out=" + out,
-                "entitlements/v1/types.proto", "entitlements/v1/service.proto"]) != 0:
-    raise SystemExit("grpc_tools.protoc failed on proto/")
-sys.path.insert(0, out)
-from entitlements.v1 import service_pb2 as svc  # noqa: E402
-from entitlements.v1 import service_pb2_grpc  # noqa: E402
-from entitlements.v1 import types_pb2 as types  # noqa: E402
+from stubs import service_pb2_grpc, svc, types  # noqa: E402
 
 
 class SecureDoorTests(unittest.TestCase):

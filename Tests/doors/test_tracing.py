@@ -23,7 +23,6 @@ import time
 import unittest
 
 import grpc
-from grpc_tools import protoc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -33,11 +32,7 @@ WORK = tempfile.mkdtemp(prefix="tracing-")
 AT = 1769904000000  # user-1's subscription is active then (docs/examples)
 SERVICE = "entitlements.v1.EntitlementService"
 
-if protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + WORK,
-                "entitlements/v1/types.proto", "entitlements/v1/service.proto"]) != 0:
-    raise SystemExit("grpc_tools.protoc failed on proto/")
-sys.path.insert(0, WORK)
-from entitlements.v1 import service_pb2 as svc  # noqa: E402
+from stubs import svc  # noqa: E402
 
 
 class Collector(http.server.BaseHTTPRequestHandler):

@@ -6,7 +6,7 @@
 # embedded server on the same data (LoadGen, p2: 50 connections x 1).
 #
 #   benchmarks/fleet.sh            # 3 rounds of 10 s each, medians
-#   benchmarks/fleet.sh --quick    # 1 round of 2 s (CI, so this cannot rot)
+#   benchmarks/fleet.sh --quick    # 1 round of 2 s, the server's debug build (CI, so this cannot rot)
 #
 # PostgreSQL runs with its defaults (fsync on, synchronous_commit on): the write figures
 # include a real commit. Everything listens on loopback, and everything started here is
@@ -20,10 +20,12 @@ OUT=$([ $QUICK = 1 ] && echo .build/bench-quick/fleet || echo benchmarks/results
 rm -rf "$OUT"; mkdir -p "$OUT"
 
 make deps >/dev/null
-swift build -c release --product entitlements
+# --quick serves with the debug build `make test` leaves (see run.sh); the tools are release.
+SERVER_CONFIG=$([ $QUICK = 1 ] && echo debug || echo release)
+swift build -c $SERVER_CONFIG --product entitlements
 swift build -c release --package-path benchmarks --product FleetLoad
 swift build -c release --package-path benchmarks --product LoadGen
-ENT=.build/release/entitlements
+ENT=.build/$SERVER_CONFIG/entitlements
 FLEETLOAD=benchmarks/.build/release/FleetLoad
 LOAD=benchmarks/.build/release/LoadGen
 

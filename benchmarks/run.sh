@@ -2,7 +2,7 @@
 # One command for the side-by-side benchmarks (benchmarks/README.md):
 #
 #   benchmarks/run.sh             # full: 3 rounds, 10 s per profile, 100,000 customers
-#   benchmarks/run.sh --quick     # 1 round, 2 s per profile, 10,000 customers (CI, so this cannot rot)
+#   benchmarks/run.sh --quick     # 1 round, 2 s per profile, 10,000 customers, the server's debug build (CI, so this cannot rot)
 #   benchmarks/run.sh --runs 5    # more rounds; the summary reports the median of each cell
 #
 # Installs what is missing (redis-server, matplotlib), builds release, generates the data
@@ -49,11 +49,13 @@ fi
 # A python3 that is not Debian's (pyenv, venv) does not see apt's packages: use pip.
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib || true
 
-# 2. Build.
-swift build -c release --product entitlements
+# 2. Build. --quick serves with the debug build `make test` leaves (its figures mean nothing,
+# and a release build of the server would add 9 minutes to CI); the load tools are release.
+SERVER_CONFIG=$([ $QUICK = 1 ] && echo debug || echo release)
+swift build -c $SERVER_CONFIG --product entitlements
 swift build -c release --package-path benchmarks --product LoadGen
 swift build -c release --package-path benchmarks --product GRPCPeer
-ENT=.build/release/entitlements
+ENT=.build/$SERVER_CONFIG/entitlements
 LOAD=benchmarks/.build/release/LoadGen
 GRPC=benchmarks/.build/release/GRPCPeer
 WORK=$(mktemp -d)

@@ -284,6 +284,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
         guard self.state.requestComplete() else {
             return
         }
+        // The request is decoded before the call returns: its bytes (a slice of a read
+        // buffer) are not held while the answer, or a watch, takes its time.
+        defer { self.body = ByteBuffer() }
         self.receivingTimer?.cancel()
         self.receivingTimer = nil
         if self.connection.draining, self.isStream {
@@ -300,7 +303,9 @@ final class DoorStreamHandler: ChannelInboundHandler {
             start: self.start,
             draining: self.connection.draining
         )
-        context.traceHeaders = self.traceHeaders
+        if let headers = self.traceHeaders {
+            context.traceHeaders = headers
+        }
         if self.kind == .json {
             guard case .method(let method) = self.route else {
                 return

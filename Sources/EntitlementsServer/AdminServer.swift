@@ -53,7 +53,7 @@ public final class AdminServer: Sendable {
                     if let tls = security.tls {
                         try tls.configure(channel, .http1, credentials: credentials) { refused($0, peer) }
                     }
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline()
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                     let responder = AdminResponder(endpoints: endpoints, credentials: credentials, arrivalTimeout: arrivalTimeout, refused: refused)
                     try channel.pipeline.syncOperations.addHandler(HTTP1ExchangeHandler(responder: responder, idleTimeout: idleTimeout))
                 }

@@ -1,3 +1,4 @@
+import Foundation
 public import Logging
 import OTel
 public import ServiceLifecycle
@@ -52,16 +53,33 @@ public struct OTLPTracingSettings: Sendable {
 /// rule), and the returned service, run in serve's ServiceGroup, sends the spans and
 /// flushes them when the server stops. The standard `OTEL_*` environment variables
 /// (`OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_*`, `OTEL_PROPAGATORS`...) are honoured and take
-/// precedence.
+/// precedence; `OTEL_SDK_DISABLED=true` turns tracing off, and an OTLP protocol other than
+/// `http/protobuf` or `http/json` is refused (this build carries the HTTP exporter only).
 public struct OTLPTracing: Sendable {
     /// The tracer to hand the server.
     public let tracer: any Tracer
     /// Sends the spans; run it in the ServiceGroup.
     public let service: any Service
 
-    public static func start(_ settings: OTLPTracingSettings, logger: Logger) throws -> OTLPTracing {
+    /// The tracer and its exporter; nil when `environment` (default: the process's) turns
+    /// tracing off (`OTEL_SDK_DISABLED=true`).
+    public static func start(
+        _ settings: OTLPTracingSettings,
+        logger: Logger,
+        environment: [String: String]? = nil
+    ) throws -> OTLPTracing? {
+        let environment = environment ?? ProcessInfo.processInfo.environment
         if let problem = settings.problem {
             throw OTLPTracingError(message: problem)
+        }
+        if environment["OTEL_SDK_DISABLED"]?.lowercased() == "true" {
+            logger.notice("tracing off: OTEL_SDK_DISABLED=true overrides --otlp-endpoint")
+            return nil
+        }
+        for name in ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] {
+            if let value = environment[name], value != "http/protobuf", value != "http/json" {
+                throw OTLPTracingError(message: "\(name)=\(value): this server exports OTLP over HTTP only (http/protobuf or http/json); unset it, or point --otlp-endpoint at the collector's HTTP port (4318)")
+            }
         }
         var configuration = OTel.Configuration.default
         configuration.serviceName = settings.serviceName
@@ -77,8 +95,12 @@ public struct OTLPTracing: Sendable {
             throw OTLPTracingError(message: "--trace-sample-ratio \(settings.sampleRatio) must be from 0 to 1")
         }
         configuration.traces.sampler = sampler
-        let backend = try OTel.makeTracingBackend(configuration: configuration)
-        return OTLPTracing(tracer: backend.factory, service: backend.service)
+        do {
+            let backend = try OTel.makeTracingBackend(configuration: configuration)
+            return OTLPTracing(tracer: backend.factory, service: backend.service)
+        } catch {
+            throw OTLPTracingError(message: "cannot set up tracing to \(settings.tracesURL) (check --otlp-endpoint and the OTEL_* variables): \(error)")
+        }
     }
 }
 

@@ -275,7 +275,7 @@ struct ServeCommand: AsyncParsableCommand {
         // run in the ServiceGroup (stopped last, so that the drain's calls are sent too).
         var tracing: OTLPTracing?
         do {
-            tracing = try settings.tracing().map { try OTLPTracing.start($0, logger: logger) }
+            tracing = try settings.tracing().flatMap { try OTLPTracing.start($0, logger: logger) }
         } catch {
             Self.say("error: cannot serve: \(error)")
             throw ExitCode(2)

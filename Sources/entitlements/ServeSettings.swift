@@ -548,8 +548,6 @@ extension ServeSettings {
         WebhookIngestion.routes(stripe: self.text("stripe-webhook-secret-file") != nil, appStore: self.text("appstore-root-cert") != nil)
     }
 
-    /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its
-    /// counters go to `factory` (the server's Prometheus registry).
     /// --otlp-endpoint and --trace-sample-ratio: where spans go, or nil (tracing off).
     func tracing() throws -> OTLPTracingSettings? {
         let ratioText = self.text("trace-sample-ratio") ?? "0.01"
@@ -560,12 +558,14 @@ extension ServeSettings {
             return nil
         }
         let settings = OTLPTracingSettings(endpoint: endpoint, sampleRatio: ratio)
-        if let problem = settings.problem {
-            throw ValidationError("\(self.origin("otlp-endpoint")): \(problem)")
+        if settings.problem != nil {
+            throw ValidationError("\(self.origin("otlp-endpoint")) \"\(endpoint)\" is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://127.0.0.1:4318)")
         }
         return settings
     }
 
+    /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its
+    /// counters go to `factory` (the server's Prometheus registry).
     func webhooks(factory: (any MetricsFactory)? = nil, security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks"))) throws -> ServerDoor? {
         let address = try self.address("webhooks-listen")
         let stripe = try self.stripeWebhooks()

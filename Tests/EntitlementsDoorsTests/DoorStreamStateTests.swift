@@ -52,17 +52,33 @@ struct DoorStreamStateTests {
         #expect(!byTransport)
     }
 
-    @Test("a watch that runs is counted by nobody; its end writes trailers only once")
+    @Test("a health watch that runs (not routed) is counted by nobody; its end writes trailers only once")
     func streaming() {
         var state = DoorStreamState()
         _ = state.headers(endStream: true)
         _ = state.requestComplete()
-        state.routed()
         state.streaming()
+        #expect(state.counter == .nobody)
         let finish = state.finish()
         #expect(finish == DoorStreamState.Finish(count: false, reset: false))
-        let ended = state.ended()
-        #expect(!ended)
+        let again = state.finish()
+        #expect(again == nil, "trailers once")
+
+        var reset = DoorStreamState()
+        _ = reset.headers(endStream: true)
+        _ = reset.requestComplete()
+        reset.streaming()
+        let cancelled = reset.ended()
+        #expect(!cancelled, "a stream that ran is not counted when its client resets it")
+    }
+
+    @Test("a grpc.health.v1 check (not routed, not a stream) is counted by the transport")
+    func healthCheck() {
+        var state = DoorStreamState()
+        _ = state.headers(endStream: true)
+        _ = state.requestComplete()
+        let finish = state.finish()
+        #expect(finish == DoorStreamState.Finish(count: true, reset: false))
     }
 
     @Test("trailers (HEADERS after the first) end the request; they start no call")

@@ -181,7 +181,7 @@ struct CommandLineTests {
         (["serve", "--snapshot", "x", "--max-connections", "0"], "--max-connections must be 1 to 1000000, got \"0\""),
         (["serve", "--snapshot", "x", "--threads", "none"], "--threads must be 1 to 1024, got \"none\""),
         (["serve", "--snapshot", "x", "--log-level", "loud"], "--log-level must be trace, debug, info"),
-        (["serve", "--snapshot", "x", "--otlp-endpoint", "127.0.0.1:4318"], "--otlp-endpoint: --otlp-endpoint \"127.0.0.1:4318\" is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://127.0.0.1:4318)"),
+        (["serve", "--snapshot", "x", "--otlp-endpoint", "127.0.0.1:4318"], "--otlp-endpoint \"127.0.0.1:4318\" is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://127.0.0.1:4318)"),
         (["serve", "--snapshot", "x", "--trace-sample-ratio", "2"], "--trace-sample-ratio must be a number from 0 to 1 (e.g. 0.01), got \"2\""),
         (["serve", "--snapshot", "x", "--admin", "7421"], "--admin \"7421\" is not HOST:PORT"),
         (["serve", "--snapshot", "x", "--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read it"),

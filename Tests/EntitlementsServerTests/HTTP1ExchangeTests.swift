@@ -139,6 +139,17 @@ struct HTTP1ExchangeTests {
         #expect(!self.channel.isActive)
     }
 
+    @Test("a request that ends before its arrival limit is not cut off when the limit passes")
+    func arrivalInTime() throws {
+        try self.send("/now", body: "12", end: false)
+        self.loop.advanceTime(by: .seconds(5))
+        try self.channel.writeInbound(HTTPServerRequestPart.end(nil))
+        #expect(try self.response()?.head.status == .ok)
+        self.loop.advanceTime(by: .seconds(20))
+        #expect(try self.channel.readOutbound(as: HTTPServerResponsePart.self) == nil)
+        #expect(self.channel.isActive)
+    }
+
     @Test("a connection without a request closes after the idle timeout, counted from its last answer")
     func idle() throws {
         self.loop.advanceTime(by: .seconds(59))
@@ -158,10 +169,23 @@ struct HTTP1ExchangeTests {
         self.responder.later?.succeed(.text(.ok, "done"))
         #expect(try self.response()?.body == "done")
 
+        // Gone (inactive) before its handler leaves the pipeline: the late answer is dropped.
         try self.send("/later")
-        _ = try self.channel.close().wait()
+        self.channel.pipeline.fireChannelInactive()
+        #expect(self.responder.closedCount == 1, "the responder hears of it at once")
         self.responder.later?.succeed(.text(.ok, "too late"))
         #expect(try self.channel.readOutbound(as: HTTPServerResponsePart.self) == nil)
+    }
+
+    @Test("a later answer that fails is answered 500 and the connection closed, not left waiting")
+    func laterFailure() throws {
+        struct Broken: Error {}
+        try self.send("/later")
+        self.responder.later?.fail(Broken())
+        let answer = try #require(try self.response())
+        #expect(answer.head.status == .internalServerError)
+        self.loop.run()
+        #expect(!self.channel.isActive)
     }
 
     @Test("HEAD gets the head of its answer only; Connection: close closes after the answer")
@@ -180,7 +204,11 @@ struct HTTP1ExchangeTests {
     func abandoned() throws {
         try self.send("/now", body: "12", end: false)
         self.channel.pipeline.fireChannelInactive()
+        self.channel.pipeline.fireChannelInactive()
+        _ = try? self.channel.close().wait()
+        self.loop.run()
         #expect(self.responder.abandonedCount == 1)
+        #expect(self.responder.closedCount == 1)
         #expect(try self.channel.readOutbound(as: HTTPServerResponsePart.self) == nil)
     }
 }

@@ -18,6 +18,22 @@ struct OTLPTracingSettingsTests {
         #expect(throws: OTLPTracingError.self) {
             try OTLPTracing.start(OTLPTracingSettings(endpoint: "ftp://c"), logger: .init(label: "test"))
         }
-        _ = try OTLPTracing.start(OTLPTracingSettings(endpoint: "http://127.0.0.1:4318", sampleRatio: 1), logger: .init(label: "test"))
+        let started = try OTLPTracing.start(OTLPTracingSettings(endpoint: "http://127.0.0.1:4318", sampleRatio: 1), logger: .init(label: "test"), environment: [:])
+        #expect(started != nil)
+    }
+
+    @Test("OTEL_SDK_DISABLED turns tracing off; a gRPC OTLP protocol is refused with the reason")
+    func environment() throws {
+        let settings = OTLPTracingSettings(endpoint: "http://127.0.0.1:4318")
+        #expect(try OTLPTracing.start(settings, logger: .init(label: "test"), environment: ["OTEL_SDK_DISABLED": "true"]) == nil)
+        #expect(throws: OTLPTracingError.self) {
+            try OTLPTracing.start(settings, logger: .init(label: "test"), environment: ["OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"])
+        }
+        do {
+            _ = try OTLPTracing.start(settings, logger: .init(label: "test"), environment: ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"])
+            Issue.record("a gRPC protocol was accepted")
+        } catch {
+            #expect("\(error)".contains("exports OTLP over HTTP only"))
+        }
     }
 }

@@ -5,16 +5,18 @@ decodes with opentelemetry-proto), answers as a collector does, and keeps the sp
 
 It starts `entitlements serve --otlp-endpoint ... --trace-sample-ratio 1` with the gRPC door
 and calls it over gRPC (grpcio, with a W3C traceparent), JSON over HTTP/1.1 (with one), the
-framed protocol (`entitlements check`: no trace context, so a root span), a refused call, a
-call whose caller's trace is not sampled, and a read-your-writes wait, then checks the
+framed protocol (`entitlements check`: no trace context, so a root span; and a raw framed
+check cancelled while it waits), a refused call, a call whose caller's trace is not sampled,
+and a read-your-writes wait, then checks the
 spans the server sent: names, kind, parents, attributes and statuses.
 
 Usage: python3 Tests/doors/test_tracing.py path/to/entitlements
 Talks to loopback only; stops the server it started, by pid."""
 import http.client
 import http.server
-import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -100,7 +102,8 @@ class Tracing(unittest.TestCase):
         cls.server = subprocess.Popen(
             [ENT, "serve", "--data-dir", os.path.join(WORK, "data"), "--snapshot", os.path.join(WORK, "seed.snap"),
              "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
-             "--otlp-endpoint", "http://127.0.0.1:%d" % cls.collector.server_address[1], "--trace-sample-ratio", "1"],
+             "--otlp-endpoint", "http://127.0.0.1:%d" % cls.collector.server_address[1], "--trace-sample-ratio", "1",
+             "--min-sequence-wait", "5s"],
             stdout=cls.log, stderr=subprocess.STDOUT)
         cls.tcp = cls.door = None
         for _ in range(300):
@@ -171,7 +174,9 @@ class Tracing(unittest.TestCase):
         second = "5bf92f3577b34da6a3ce929d0e0e4736"
         self.unary("CheckEntitlements", svc.CheckEntitlementsRequest(user_id="user-1", at=AT), svc.CheckEntitlementsResponse,
                    [("traceparent", "00-%s-%s-01" % (second, parent))])
-        self.assertEqual(attributes(self.spans_of(second)[0])["entitlements.cache"], "hit")
+        cached = attributes(self.spans_of(second)[0])
+        self.assertEqual(cached["entitlements.cache"], "hit")
+        self.assertIs(cached["entitlements.cold_read"], False)
         resource = [resource for resource, s in Collector.spans if s.trace_id.hex() == trace_id][0]
         self.assertEqual(resource.get("service.name"), "entitlements")
 
@@ -211,19 +216,47 @@ class Tracing(unittest.TestCase):
         self.unary("Health", svc.HealthRequest(), svc.HealthResponse, [("traceparent", "00-%s-00f067aa0ba902b7-00" % trace_id)])
         marker = "9bf92f3577b34da6a3ce929d0e0e4736"
         self.unary("Health", svc.HealthRequest(), svc.HealthResponse, [("traceparent", "00-%s-00f067aa0ba902b7-01" % marker)])
-        self.spans_of(marker)  # sent after the unsampled one
+        self.assertTrue(self.spans_of(marker), "the sampled call after it was exported")
         self.assertEqual(self.spans_of(trace_id, count=0), [])
 
     def test_a_wait_for_the_log_is_on_the_span(self):
         trace_id = "abf92f3577b34da6a3ce929d0e0e4736"
-        # A sequence this server has not reached: the check waits --min-sequence-wait, then
-        # is refused; its span says what it waited for.
-        with self.assertRaises(grpc.RpcError):
-            self.unary("CheckEntitlements", svc.CheckEntitlementsRequest(user_id="user-1", at=AT, min_log_sequence=1 << 40),
-                       svc.CheckEntitlementsResponse, [("traceparent", "00-%s-00f067aa0ba902b7-01" % trace_id)])
+        # A sequence this server has not reached: the check waits until its deadline (1 s,
+        # before --min-sequence-wait's 5 s); its span says what it waited for.
+        with self.assertRaises(grpc.RpcError) as raised:
+            call = self.channel.unary_unary("/%s/CheckEntitlements" % SERVICE, request_serializer=svc.CheckEntitlementsRequest.SerializeToString,
+                                            response_deserializer=svc.CheckEntitlementsResponse.FromString)
+            call(svc.CheckEntitlementsRequest(user_id="user-1", at=AT, min_log_sequence=1 << 40), timeout=1,
+                 metadata=[("traceparent", "00-%s-00f067aa0ba902b7-01" % trace_id)])
+        self.assertEqual(raised.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
         span = self.spans_of(trace_id)[0]
         self.assertEqual(attributes(span)["entitlements.min_log_sequence"], 1 << 40)
         self.assertIn("waiting for the log to reach min_log_sequence", [event.name for event in span.events])
+
+    def test_a_framed_check_cancelled_while_it_waits_ends_cancelled(self):
+        # docs/PROTOCOL.md: 24-byte big-endian headers; REQUEST 1, RESPONSE 2, CANCEL 5.
+        header = struct.Struct(">HBBBBHQII")
+        sequence = 1 << 41
+        request = svc.CheckEntitlementsRequest(user_id="user-1", at=AT, min_log_sequence=sequence).SerializeToString()
+        with socket.create_connection(("127.0.0.1", self.tcp), timeout=10) as sock:
+            sock.sendall(header.pack(0x454E, 1, 1, 0, 0, 1, 1, 0, len(request)) + request)
+            time.sleep(0.3)  # it waits for a sequence this server never reaches (--min-sequence-wait 5s)
+            sock.sendall(header.pack(0x454E, 1, 5, 0, 0, 0, 1, 0, 0))
+            answer = b""
+            while len(answer) < 24:
+                answer += sock.recv(24 - len(answer))
+            _, _, kind, _, status, _, request_id, _, _ = header.unpack(answer)
+            self.assertEqual((kind, status, request_id), (2, 1, 1), "RESPONSE CANCELLED for call 1")
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            with Collector.lock:
+                found = [s for _, s in Collector.spans if attributes(s).get("entitlements.min_log_sequence") == sequence]
+            if found:
+                break
+            time.sleep(0.2)
+        self.assertEqual(len(found), 1, found)
+        self.assertEqual(attributes(found[0])["rpc.system"], "entitlements_framed")
+        self.assertEqual(attributes(found[0])["rpc.grpc.status_code"], 1, "CANCELLED, as the client was answered")
 
     def test_zz_the_collector_saw_nothing_malformed(self):
         self.assertTrue(Collector.spans)

@@ -55,6 +55,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         var start: NIODeadline
         /// The routed call's own scope; nil for a check.
         var scope: ConnectionScope?
+        /// A check's own scope, with tracing on only (its span ends CANCELLED when a CANCEL
+        /// closes it); the check is still counted here.
+        var checkScope: ConnectionScope? = nil
     }
 
     /// Calls accepted and not yet answered, by request id: held for CANCEL, backpressure
@@ -375,11 +378,17 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private func check(_ frame: Frame, deadline: NIODeadline?) {
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
         let result: MethodResult<CheckAnswer>
-        if deadline == nil {
+        var checkScope: ConnectionScope?
+        if deadline == nil, !self.methods.isTracing {
             self.plainCall.start = self.current.start
             result = self.methods.check(frame.payload, self.plainCall)
         } else {
-            result = self.methods.check(frame.payload, self.callContext(deadline))
+            var call = self.callContext(deadline)
+            if self.methods.isTracing {
+                checkScope = ConnectionScope(within: self.scope)
+                call.scope = checkScope!
+            }
+            result = self.methods.check(frame.payload, call)
         }
         switch result {
         case .now(.success(let answer)):
@@ -389,7 +398,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         case .now(.failure(let error)):
             self.refuse(requestID, error.status, error.message)
         case .later(let future):
-            self.accept(requestID, scope: nil)
+            self.accept(requestID, scope: nil, checkScope: checkScope)
             self.completeLater(requestID, future) { answer, buffer in
                 answer.write(into: &buffer)
                 return answer.fromCache ? .fromCache : []
@@ -468,6 +477,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         if let scope = call.scope {
             scope.close()  // the router counts it CANCELLED when its work ends
         } else {
+            call.checkScope?.close()  // its queued work is skipped; its span ends CANCELLED
             self.methods.recordAnswers(.checkEntitlements, .cancelled, since: call.start)
         }
         self.fail(requestID, .cancelled, "cancelled by the client")
@@ -476,8 +486,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     // MARK: Answering
 
     /// Holds the place of a call whose answer comes later, and applies backpressure.
-    private func accept(_ requestID: UInt64, scope: ConnectionScope?) {
-        self.pending[requestID] = Pending(start: self.current.start, scope: scope)
+    private func accept(_ requestID: UInt64, scope: ConnectionScope?, checkScope: ConnectionScope? = nil) {
+        self.pending[requestID] = Pending(start: self.current.start, scope: scope, checkScope: checkScope)
         self.updateReading()
     }
 

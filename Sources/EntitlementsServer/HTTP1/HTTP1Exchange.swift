@@ -57,7 +57,8 @@ public protocol HTTP1Responder: AnyObject {
     /// The connection ended while a request, never answered, was arriving.
     func abandoned(_ head: HTTPRequestHead, start: NIODeadline)
 
-    /// The connection's handler has left the pipeline: late answers are dropped.
+    /// The connection has ended (called once, when it goes inactive or its handler leaves
+    /// the pipeline, whichever is first): work for it may be dropped; late answers are.
     func closed()
 }
 
@@ -89,6 +90,8 @@ public final class HTTP1ExchangeHandler: ChannelInboundHandler {
     private var idleTimer: Scheduled<Void>?
     /// Armed only for a request that did not arrive in one read.
     private var arrivalTimer: Scheduled<Void>?
+    /// `responder.closed()` has been called.
+    private var responderClosed = false
 
     public init(responder: any HTTP1Responder, idleTimeout: TimeAmount) {
         self.responder = responder
@@ -104,7 +107,14 @@ public final class HTTP1ExchangeHandler: ChannelInboundHandler {
         self.context = nil
         self.idleTimer?.cancel()
         self.arrivalTimer?.cancel()
-        self.responder.closed()
+        self.closeResponder()
+    }
+
+    private func closeResponder() {
+        if !self.responderClosed {
+            self.responderClosed = true
+            self.responder.closed()
+        }
     }
 
     private func armIdleTimer() {
@@ -152,8 +162,14 @@ public final class HTTP1ExchangeHandler: ChannelInboundHandler {
             case .now(let answer):
                 self.respond(answer)
             case .later(let future):
-                future.hop(to: context.eventLoop).assumeIsolated().whenSuccess { answer in
-                    self.respond(answer)
+                future.hop(to: context.eventLoop).assumeIsolated().whenComplete { result in
+                    switch result {
+                    case .success(let answer):
+                        self.respond(answer)
+                    case .failure(let error):
+                        // A responder's failure is still an answer: the client is not left waiting.
+                        self.respond(HTTP1Answer(.internalServerError, contentType: "text/plain; charset=utf-8", body: ByteBuffer(string: "internal error: \(error)\n"), close: true))
+                    }
                 }
             }
         }
@@ -221,6 +237,7 @@ public final class HTTP1ExchangeHandler: ChannelInboundHandler {
             self.responder.abandoned(head, start: self.start)
         }
         self.answered = true  // nothing more is written: a late answer is dropped
+        self.closeResponder()
         context.fireChannelInactive()
     }
 }

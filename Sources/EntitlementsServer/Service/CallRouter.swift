@@ -208,10 +208,17 @@ extension EntitlementMethods {
     // Inlined into each entry point, so that the protobuf one is compiled for its codec.
     @inline(__always)
     private func route<Codec: CallCodec>(_ method: MethodID, _ body: ByteBuffer, _ call: CallContext, codec: Codec) -> MethodResult<Codec.Encoded> {
-        var call = call
         if let tracing = self.tracing {
-            call.span = tracing.start(method, call, system: codec.rpcSystem)
+            var traced = call
+            traced.span = tracing.start(method, call, system: codec.rpcSystem)
+            return self.applyRules(method, body, traced, codec: codec)
         }
+        return self.applyRules(method, body, call, codec: codec)
+    }
+
+    /// Rules 1 to 7.
+    @inline(__always)
+    private func applyRules<Codec: CallCodec>(_ method: MethodID, _ body: ByteBuffer, _ call: CallContext, codec: Codec) -> MethodResult<Codec.Encoded> {
         if let refusal = Self.unaryRefusal(method) ?? self.authorize(method, call) ?? Self.expired(call) {
             return self.accounted(method, .now(.failure(refusal)), call)
         }
@@ -356,7 +363,9 @@ extension EntitlementMethods {
         return self.untracedCheck(payload, call)
     }
 
-    /// ``check(_:_:)-(ByteBuffer,_)`` in its span (rule 0), ended when its answer is ready.
+    /// ``check(_:_:)-(ByteBuffer,_)`` in its span (rule 0), ended when its answer is ready
+    /// (CANCELLED when the call's scope closed meanwhile: with tracing on, the framed
+    /// transport gives each check a scope of its own, which its CANCEL closes).
     @inline(never)
     private func tracedCheck(_ payload: ByteBuffer, _ call: CallContext, _ tracing: CallTracing) -> MethodResult<CheckAnswer> {
         var call = call
@@ -364,7 +373,8 @@ extension EntitlementMethods {
         call.span = span
         switch self.untracedCheck(payload, call).noted(on: span) {
         case .now(let result):
-            span.end(result)
+            // As the transport will answer it: an answer over the limit is refused there.
+            span.end(result.flatMap { answer in answer.refusalBySize.map { .failure($0) } ?? .success(answer) })
             return .now(result)
         case .later(let future):
             let scope = call.scope

@@ -188,8 +188,10 @@ public final class EntitlementMethods: Sendable {
         }
         let instant = request.at ?? WallClock.unixMilliseconds()
         if request.minLogSequence > 0, self.store.appliedSequence < request.minLogSequence {
+            context.span?.waiting(forSequence: request.minLogSequence)
             return .later(self.afterCatchingUp(to: request.minLogSequence, on: context.eventLoop) { methods in
-                methods.runBatch(request, instant: instant, staleForMilliseconds: methods.freshness().staleForMilliseconds, context)
+                context.span?.caughtUp()
+                return methods.runBatch(request, instant: instant, staleForMilliseconds: methods.freshness().staleForMilliseconds, context)
             })
         }
         return .later(self.runBatch(request, instant: instant, staleForMilliseconds: freshness.staleForMilliseconds, context))

@@ -22,7 +22,6 @@ struct CheckQuery: Sendable {
     }
 }
 
-/// What a resolver made of a query.
 /// Where a check's answer came from.
 public enum AnswerSource: UInt8, Sendable {
     /// The answer cache.
@@ -33,6 +32,7 @@ public enum AnswerSource: UInt8, Sendable {
     case disk
 }
 
+/// What a resolver made of a query.
 enum CheckOutcome: Sendable {
     /// The answer; `customerId` is nil for an unknown user.
     case answer(CachedAnswer, customerId: String?, source: AnswerSource)

@@ -28,12 +28,20 @@ public struct OTLPTracingSettings: Sendable {
 
     /// What is wrong with the settings, for a person to fix; nil when they are usable.
     public var problem: String? {
-        let lowered = self.endpoint.lowercased()
-        guard lowered.hasPrefix("http://") || lowered.hasPrefix("https://"), self.endpoint.count > "https://".count else {
-            return "--otlp-endpoint \"\(self.endpoint)\" is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://127.0.0.1:4318)"
+        if let problem = Self.endpointProblem(self.endpoint, origin: "--otlp-endpoint") {
+            return problem
         }
         guard self.sampleRatio >= 0, self.sampleRatio <= 1 else {
             return "--trace-sample-ratio \(self.sampleRatio) must be from 0 to 1 (e.g. 0.01 records 1 in 100 of the traces this server starts)"
+        }
+        return nil
+    }
+
+    /// Why `endpoint` (from `origin`: a flag, a variable) is not a collector's URL, or nil.
+    public static func endpointProblem(_ endpoint: String, origin: String) -> String? {
+        let lowered = endpoint.lowercased()
+        guard lowered.hasPrefix("http://") || lowered.hasPrefix("https://"), endpoint.count > "https://".count else {
+            return "\(origin) \"\(endpoint)\" is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://127.0.0.1:4318)"
         }
         return nil
     }

@@ -557,11 +557,10 @@ extension ServeSettings {
         guard let endpoint = self.text("otlp-endpoint") else {
             return nil
         }
-        let settings = OTLPTracingSettings(endpoint: endpoint, sampleRatio: ratio)
-        if settings.problem != nil {
-            throw ValidationError("\(self.origin("otlp-endpoint")) \"\(endpoint)\" is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://127.0.0.1:4318)")
+        if let problem = OTLPTracingSettings.endpointProblem(endpoint, origin: self.origin("otlp-endpoint")) {
+            throw ValidationError(problem)
         }
-        return settings
+        return OTLPTracingSettings(endpoint: endpoint, sampleRatio: ratio)
     }
 
     /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its

@@ -378,16 +378,14 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private func check(_ frame: Frame, deadline: NIODeadline?) {
         let requestID = frame.requestID  // not the frame: its payload pins the read buffer
         let result: MethodResult<CheckAnswer>
-        var checkScope: ConnectionScope?
-        if deadline == nil, !self.methods.isTracing {
+        // With tracing on, a check gets a scope of its own, which its CANCEL closes.
+        let checkScope = self.methods.isTracing ? ConnectionScope(within: self.scope) : nil
+        if deadline == nil, checkScope == nil {
             self.plainCall.start = self.current.start
             result = self.methods.check(frame.payload, self.plainCall)
         } else {
             var call = self.callContext(deadline)
-            if self.methods.isTracing {
-                checkScope = ConnectionScope(within: self.scope)
-                call.scope = checkScope!
-            }
+            call.scope = checkScope ?? call.scope
             result = self.methods.check(frame.payload, call)
         }
         switch result {

@@ -379,7 +379,7 @@ extension EntitlementMethods {
         case .later(let future):
             let scope = call.scope
             return .later(future.map { result in
-                scope.isClosed ? span.end(.cancelled, "the caller went away") : span.end(result)
+                span.end(result, in: scope)
                 return result
             })
         }
@@ -440,13 +440,8 @@ extension EntitlementMethods {
             let metrics = self.services.metrics
             let (scope, start, span) = (call.scope, call.start, call.span)
             return self.timed(result, call) { result in
-                if scope.isClosed {
-                    metrics.answered(method, .cancelled, since: start)
-                    span?.end(.cancelled, "the caller went away")
-                } else {
-                    metrics.answered(method, result.status, since: start)
-                    span?.end(result)
-                }
+                metrics.answered(method, scope.isClosed ? .cancelled : result.status, since: start)
+                span?.end(result, in: scope)
             }
         }
     }

@@ -105,7 +105,13 @@ public final class CallSpan: Sendable {
         self.span.end()
     }
 
-    func end<Value>(_ result: Result<Value, ServiceError>) {
+    /// Ends the span with `result`'s status, or CANCELLED when the call's scope closed
+    /// meanwhile (as the call is counted).
+    func end<Value>(_ result: Result<Value, ServiceError>, in scope: ConnectionScope? = nil) {
+        if scope?.isClosed == true {
+            self.end(.cancelled, "the caller went away")
+            return
+        }
         switch result {
         case .success: self.end(.ok, nil)
         case .failure(let error): self.end(error.status, error.message)

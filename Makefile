@@ -3,7 +3,7 @@
 #               and serve it on 127.0.0.1:7420 from a data directory (writes are kept)
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
-# Other targets: deps, generate, check-generated, build, check-deploy, test-doors, test-asan,
+# Other targets: deps, generate, check-generated, build, check-deploy, test-doors, test-ingestion, test-asan,
 # bench-codec, bench-resolver, bench-store, bench-check (the microbenchmarks' malloc counts
 # against benchmarks/Thresholds), bench-thresholds (records them), fuzz (FUZZ_SECONDS
 # each; CI runs 60), clean.
@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
+.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-ingestion test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -35,7 +35,7 @@ demo-data: deps
 	mkdir -p $(dir $(DEMO_SNAPSHOT))
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
-test: deps check-generated test-unit check-deploy test-doors test-asan
+test: deps check-generated test-unit check-deploy test-doors test-ingestion test-asan
 
 # Side by side with Redis (benchmarks/README.md); BENCH_FLAGS=--quick for a 2 s smoke run.
 bench: deps
@@ -47,7 +47,8 @@ bench: deps
 # codegen/protoc-gen-swift-shim; the doors' foreign clients (grpc-go with the protobuf 1.5
 # runtime and protoc-gen-go from Debian, curl; grpcio, grpcio-tools,
 # grpcio-health-checking and h2 from PyPI); opentelemetry-proto from PyPI for the tracing
-# test's OTLP receiver. Installs only what is missing.
+# test's OTLP receiver; cryptography from PyPI for the Google Play test's loopback Google
+# (RS256 signatures). Installs only what is missing.
 deps:
 	@missing=""; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
@@ -73,6 +74,9 @@ deps:
 	  || { echo "make deps: python3 cannot import google.protobuf; install it with pip or apt (python3-protobuf)" >&2; exit 1; }
 	@python3 -c 'import grpc, grpc_tools, grpc_health.v1, h2, opentelemetry.proto' 2>/dev/null \
 	  || python3 -m pip install --quiet grpcio grpcio-tools grpcio-health-checking h2 opentelemetry-proto
+	@python3 -c 'from cryptography.hazmat.primitives.asymmetric import padding' 2>/dev/null \
+	  || python3 -m pip install --quiet cryptography \
+	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-cryptography >/dev/null; }
 	@python3 -c 'import yaml' 2>/dev/null \
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-yaml >/dev/null; } \
 	  || python3 -m pip install --quiet pyyaml
@@ -101,6 +105,13 @@ check-deploy: deps
 test-doors: deps
 	$(SWIFT) build --product entitlements
 	Tests/doors/run.sh .build/debug/entitlements
+
+# Google Play end to end (docs/ingestion.md): the server against a loopback Google (OAuth
+# token endpoint, JWKS, Play Developer API, Pub/Sub) built from Google's documents, with
+# keys made by openssl; single node and fleet mode on a PostgreSQL the test starts.
+test-ingestion: deps
+	$(SWIFT) build --product entitlements
+	python3 Tests/googleplay/test_googleplay.py .build/debug/entitlements
 
 # The shim's tests under AddressSanitizer (with LeakSanitizer): every unpacked message
 # and every arena chunk must be freed. A separate scratch path keeps the normal build.

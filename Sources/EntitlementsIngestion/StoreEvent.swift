@@ -33,8 +33,16 @@ public enum RejectionReason: String, Sendable, Hashable, CaseIterable {
     case tooLarge = "too_large"
     /// A user id the event names is not an id (docs/PROTOCOL.md, "Ids"): too long, or not NFC.
     case invalidId = "invalid_id"
-    /// An App Store notification of an app not named by --appstore-bundle-id.
+    /// An App Store notification of an app not named by --appstore-bundle-id, or a Google
+    /// Play notification of a package not named by --googleplay-package.
     case otherApp = "other_app"
+    /// Google Play: the push carries no valid Pub/Sub token (answered 401).
+    case unauthenticated = "unauthenticated"
+    /// Google Play: a valid Google token, but not for our push subscription (answered 403).
+    case forbidden = "forbidden"
+    /// Google Play: the Play Developer API does not know the purchase token (404), or no
+    /// longer does (410, 60 days after it expired).
+    case unknownToken = "unknown_token"
 }
 
 /// Why a verified event was not applied this time: answered 5xx so the store delivers it
@@ -51,6 +59,17 @@ public enum RetryReason: String, Sendable, Hashable, CaseIterable {
     case unknownProduct = "unknown_product"
     /// A write failed (the log, PostgreSQL, a refused write): its message says why.
     case writeFailed = "write_failed"
+    /// Google Play: the store's API answered 429 or 5xx, or could not be reached; the server
+    /// backs off before it calls again.
+    case storeUnavailable = "store_unavailable"
+    /// Google Play: the store's API refused our credentials (401, 403): the service
+    /// account lacks a permission.
+    case storeDenied = "store_denied"
+    /// Google Play: a subscription state this server does not know yet.
+    case unknownState = "unknown_state"
+    /// Google Play: the writes are durable but acknowledging the purchase failed; the
+    /// redelivery acknowledges it.
+    case acknowledgeFailed = "acknowledge_failed"
 }
 
 /// Who a store event is about, as the event names them.
@@ -65,6 +84,13 @@ enum StoreIdentity: Sendable, Hashable {
     /// (`appstore:ORIGINAL_ID`): the customer the token names (as given, or in upper case),
     /// else the one the chain is linked to, else a new customer under the token.
     case accountToken(String, chainAlias: String)
+    /// An account id the app set at purchase (Google Play's
+    /// `obfuscatedExternalAccountId`), compared as given: the customer it names, else the
+    /// one the chain is linked to, else a new customer under the id.
+    case accountId(String, chainAlias: String)
+    /// Only the chain's alias (`googleplay:TOKEN`), or else the alias of the chain it
+    /// replaced (a linked purchase token): the chain's alias is then linked to that user.
+    case chainAlias(String, linked: String?)
 }
 
 /// One write an event makes, before its customer is known.
@@ -79,6 +105,10 @@ enum StoreWrite: Sendable, Hashable {
     /// Replaces the chain's renewal state unless a newer event's state is stored
     /// (`event_date`); with `ended_date`, the write rules revoke what runs past the end.
     case state(SubscriptionState)
+    /// A state in billing retry whose `billing_issue_detected_date` the store does not give
+    /// (Google Play): kept from the stored state when it had one, else the end of the
+    /// chain's latest recorded period, else now.
+    case stateWithBillingIssue(SubscriptionState)
     /// Revokes the stored transaction `transactionId` at `date` (a refund); a transaction
     /// not recorded yet is a retry: the refund came before the payment.
     case revokeTransaction(store: Source, transactionId: String, date: Int64)
@@ -110,6 +140,10 @@ extension StoreEventPlan {
             ids.append(("the store customer's alias", alias))
         case .accountToken(let token, let chainAlias):
             ids += [("appAccountToken", token), ("the subscription's alias", chainAlias)]
+        case .accountId(let id, let chainAlias):
+            ids += [("obfuscatedExternalAccountId", id), ("the purchase's alias", chainAlias)]
+        case .chainAlias(let alias, let linked):
+            ids += [("the purchase's alias", alias), ("the linked purchase's alias", linked)]
         }
         for write in writes {
             switch write {
@@ -121,7 +155,7 @@ extension StoreEventPlan {
                     ("the original transaction id", transaction.originalTransactionId),
                     ("the product id", transaction.productId),
                 ]
-            case .state(let state):
+            case .state(let state), .stateWithBillingIssue(let state):
                 ids.append(("the original transaction id", state.originalTransactionId))
             case .revokeTransaction(_, let transactionId, _):
                 ids.append(("the refunded transaction id", transactionId))

@@ -42,14 +42,20 @@ struct StoreEventApplier: Sendable {
             if named == nil, IdRule.problem(token.uppercased()) == nil {
                 named = try self.record(token.uppercased(), context)?.id
             }
-            if let id = named {
+            user = try self.account(named: named, as: token, chainAlias: alias, context, planned: &planned)
+        case .accountId(let id, let alias):
+            user = try self.account(named: try self.record(id, context)?.id, as: id, chainAlias: alias, context, planned: &planned)
+        case .chainAlias(let alias, let linked):
+            if let id = try self.record(alias, context)?.id {
+                user = id
+            } else if let linked, let id = try self.record(linked, context)?.id {
                 user = id
                 planned.insert(.linkStoreCustomer(alias: alias), at: 0)
-            } else if let id = try self.record(alias, context)?.id {
-                user = id  // a token nobody linked, on a chain we know: no new customer
             } else {
-                user = token
-                planned.insert(.linkStoreCustomer(alias: alias), at: 0)
+                throw IngestionRetry(
+                    .unknownIdentity,
+                    "no user is linked to \(alias)\(linked.map { " or \($0)" } ?? "") yet, and the purchase names no account id: refused so that the notification is delivered again once the app's backend links the alias"
+                )
             }
         case .storeCustomer(let alias):
             guard let record = try self.record(alias, context), let id = record.id else {
@@ -74,6 +80,20 @@ struct StoreEventApplier: Sendable {
         return applied
     }
 
+    /// The customer an account id names (`named`, found already), else the one the chain is
+    /// linked to (no second customer is made), else a new customer under `id`.
+    private func account(named: String?, as id: String, chainAlias alias: String, _ context: CallContext, planned: inout [StoreWrite]) throws(IngestionRetry) -> String {
+        if let named {
+            planned.insert(.linkStoreCustomer(alias: alias), at: 0)
+            return named
+        }
+        if let linked = try self.record(alias, context)?.id {
+            return linked  // an id nobody linked, on a chain we know
+        }
+        planned.insert(.linkStoreCustomer(alias: alias), at: 0)
+        return id
+    }
+
     /// The write calls one planned write makes; those that name stored transactions read
     /// the customer's record first.
     private func mutations(
@@ -87,6 +107,12 @@ struct StoreEventApplier: Sendable {
         case .linkStoreCustomer(let alias):
             return [.linkAlias(LinkAliasRequest(userId: user, alias: alias, transfer: true))]
         case .state(let state):
+            return [.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: state))]
+        case .stateWithBillingIssue(var state):
+            let record = try self.record(user, context)
+            let stored = record?.subscriptions.last { $0.store == state.store && $0.originalTransactionId == state.originalTransactionId }
+            let periods = record?.transactions.filter { $0.store == state.store && $0.originalTransactionId == state.originalTransactionId }.compactMap(\.expirationDate) ?? []
+            state.billingIssueDetectedDate = stored?.billingIssueDetectedDate ?? periods.max().map { min($0, now) } ?? now
             return [.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: state))]
         case .transaction(let transaction, let keepRevocation):
             if let stored = try self.record(user, context)?.transactions.first(where: { $0.store == transaction.store && $0.transactionId == transaction.transactionId }) {

@@ -46,6 +46,7 @@ public struct WebhookAnswer: Sendable, Hashable {
 public final class WebhookIngestion: Sendable {
     private let stripe: (verifier: StripeSignatureVerifier, events: StripeEvents)?
     private let appStore: (verifier: AppStoreJWSVerifier, notifications: AppStoreNotifications)?
+    let googlePlay: GooglePlay?
     private let clock: @Sendable () -> Int64
     private let factory: any MetricsFactory
     private let counters = Mutex<[String: Counter]>([:])
@@ -56,6 +57,7 @@ public final class WebhookIngestion: Sendable {
     public init(
         stripe: StripeWebhookSettings?,
         appStore: AppStoreWebhookSettings? = nil,
+        googlePlay: GooglePlay? = nil,
         factory: any MetricsFactory = MetricsSystem.factory,
         clock: (@Sendable () -> Int64)? = nil
     ) {
@@ -63,6 +65,7 @@ public final class WebhookIngestion: Sendable {
             (StripeSignatureVerifier(secrets: $0.secrets, tolerance: $0.tolerance), StripeEvents(customerKey: $0.customerKey))
         }
         self.appStore = appStore.map { (AppStoreJWSVerifier(roots: $0.roots), AppStoreNotifications(bundleIds: $0.bundleIds)) }
+        self.googlePlay = googlePlay
         self.factory = factory
         self.clock = clock ?? { WallClock.unixMilliseconds() / 1000 }
     }
@@ -71,12 +74,14 @@ public final class WebhookIngestion: Sendable {
     public static let appStorePath = "/webhooks/appstore"
 
     /// The paths served with these stores set up.
-    public static func routes(stripe: Bool, appStore: Bool) -> [String] {
-        (stripe ? [Self.stripePath] : []) + (appStore ? [Self.appStorePath] : [])
+    public static func routes(stripe: Bool, appStore: Bool, googlePlayPush: Bool = false) -> [String] {
+        (stripe ? [Self.stripePath] : []) + (appStore ? [Self.appStorePath] : []) + (googlePlayPush ? [Self.googlePlayPath] : [])
     }
 
     /// The paths served.
-    public var routes: [String] { Self.routes(stripe: self.stripe != nil, appStore: self.appStore != nil) }
+    public var routes: [String] {
+        Self.routes(stripe: self.stripe != nil, appStore: self.appStore != nil, googlePlayPush: self.googlePlay?.push != nil)
+    }
 
     /// `POST /webhooks/stripe`.
     public func stripe(signature: String?, body: [UInt8], methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {
@@ -140,13 +145,25 @@ public final class WebhookIngestion: Sendable {
     }
 
     private func apply(_ plan: StoreEventPlan, store: String, event: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {
+        self.answer(await self.run(plan, methods: methods, on: eventLoop), store: store, event: event)
+    }
+
+    /// What became of an event: the answer it gets, before it is counted.
+    enum Outcome: Sendable {
+        case ignored(String)
+        case applied(AppliedEvent)
+        case rejected(IngestionRejection)
+        case retry(IngestionRetry)
+    }
+
+    /// Applies a plan: its writes are durable when this returns `.applied`.
+    func run(_ plan: StoreEventPlan, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> Outcome {
         switch plan {
         case .ignore(let reason):
-            self.count(store, "ignored", reason)
-            return WebhookAnswer(status: 200, body: Self.json(["received": .bool(true), "ignored": .string(reason)]))
+            return .ignored(reason)
         case .apply(let identity, let writes):
             if let problem = plan.idProblem {
-                return self.rejected(store, IngestionRejection(.invalidId, problem), event: event)
+                return .rejected(IngestionRejection(.invalidId, problem))
             }
             // One event at a time: a refund reads the record it then writes, and two events
             // of one subscription must not interleave their reads and writes.
@@ -156,27 +173,47 @@ public final class WebhookIngestion: Sendable {
                 let now = self.clock() * 1000
                 let applied = try await StoreEventApplier(methods: methods).apply(identity, writes, now: now, on: eventLoop)
                 if let skipped = applied.skipped, !applied.changed {
-                    self.count(store, "ignored", skipped)
-                    return WebhookAnswer(status: 200, body: Self.json(["received": .bool(true), "ignored": .string(skipped)]))
+                    return .ignored(skipped)
                 }
-                self.count(store, applied.changed ? "applied" : "unchanged", "")
-                return WebhookAnswer(
-                    status: 200,
-                    body: Self.json([
-                        "received": .bool(true), "customerId": .string(applied.customerId), "changed": .bool(applied.changed),
-                        "logSequence": .string("\(applied.logSequence)"),
-                    ])
-                )
+                return .applied(applied)
             } catch {
-                return self.retry(store, error, event: event)
+                return .retry(error)
             }
+        }
+    }
+
+    /// The answer to an outcome, counted and (refusals, retries) logged.
+    func answer(_ outcome: Outcome, store: String, event: String) -> WebhookAnswer {
+        switch outcome {
+        case .ignored(let reason):
+            self.count(store, "ignored", reason)
+            return WebhookAnswer(status: 200, body: Self.json(["received": .bool(true), "ignored": .string(reason)]))
+        case .applied(let applied):
+            self.count(store, applied.changed ? "applied" : "unchanged", "")
+            return WebhookAnswer(
+                status: 200,
+                body: Self.json([
+                    "received": .bool(true), "customerId": .string(applied.customerId), "changed": .bool(applied.changed),
+                    "logSequence": .string("\(applied.logSequence)"),
+                ])
+            )
+        case .rejected(let rejection):
+            return self.rejected(store, rejection, event: event)
+        case .retry(let retry):
+            return self.retry(store, retry, event: event)
         }
     }
 
     private func rejected(_ store: String, _ rejection: IngestionRejection, event: String) -> WebhookAnswer {
         self.count(store, "rejected", rejection.reason.rawValue)
         self.logger.warning("webhook refused", metadata: ["store": "\(store)", "event": "\(event)", "reason": "\(rejection.reason.rawValue)", "message": "\(rejection.message)"])
-        return WebhookAnswer(status: 400, body: Self.json(["error": .string(rejection.message), "reason": .string(rejection.reason.rawValue)]))
+        let status =
+            switch rejection.reason {
+            case .unauthenticated: 401
+            case .forbidden: 403
+            default: 400
+            }
+        return WebhookAnswer(status: status, body: Self.json(["error": .string(rejection.message), "reason": .string(rejection.reason.rawValue)]))
     }
 
     private func retry(_ store: String, _ retry: IngestionRetry, event: String) -> WebhookAnswer {
@@ -186,16 +223,21 @@ public final class WebhookIngestion: Sendable {
     }
 
     private func count(_ store: String, _ outcome: String, _ reason: String) {
-        let key = "\(store)/\(outcome)/\(reason)"
+        self.increment("entitlements_webhook_events_total", [("store", store), ("outcome", outcome), ("reason", reason)])
+    }
+
+    /// Google Play's acknowledgements, by outcome (`acknowledged`, `failed`).
+    func countAcknowledgement(_ outcome: String) {
+        self.increment("entitlements_googleplay_acknowledgements_total", [("outcome", outcome)])
+    }
+
+    private func increment(_ label: String, _ dimensions: [(String, String)]) {
+        let key = label + dimensions.map { "/\($0.1)" }.joined()
         let counter = self.counters.withLock { counters in
             if let counter = counters[key] {
                 return counter
             }
-            let counter = Counter(
-                label: "entitlements_webhook_events_total",
-                dimensions: [("store", store), ("outcome", outcome), ("reason", reason)],
-                factory: self.factory
-            )
+            let counter = Counter(label: label, dimensions: dimensions, factory: self.factory)
             counters[key] = counter
             return counter
         }

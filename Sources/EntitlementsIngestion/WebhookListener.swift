@@ -56,14 +56,15 @@ final class WebhookResponder: HTTP1Responder {
         let ingestion = self.ingestion
         let methods = self.methods
         let signature = head.headers.first(name: "stripe-signature")
-        let isAppStore = Self.path(head) == WebhookIngestion.appStorePath
+        let authorization = head.headers.first(name: "authorization")
+        let path = Self.path(head)
         let promise = eventLoop.makePromise(of: HTTP1Answer.self)
         promise.completeWithTask {
             let answer =
-                if isAppStore {
-                    await ingestion.appStore(body: body, methods: methods, on: eventLoop)
-                } else {
-                    await ingestion.stripe(signature: signature, body: body, methods: methods, on: eventLoop)
+                switch path {
+                case WebhookIngestion.appStorePath: await ingestion.appStore(body: body, methods: methods, on: eventLoop)
+                case WebhookIngestion.googlePlayPath: await ingestion.googlePlay(authorization: authorization, body: body, methods: methods, on: eventLoop)
+                default: await ingestion.stripe(signature: signature, body: body, methods: methods, on: eventLoop)
                 }
             return Self.answer(answer)
         }

@@ -181,7 +181,8 @@ public final class EntitlementsServer: Sendable {
     /// made for); empty once a drain has finished (see ``shutdownGracefully()``).
     private let quiescing: Mutex<[ServerQuiescingHelper]>
     private let health: ServerHealth
-    private let group: any EventLoopGroup
+    /// The event loops the server runs on.
+    public let group: any EventLoopGroup
 
     private init(
         tcpAddress: SocketAddress?,

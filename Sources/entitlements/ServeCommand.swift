@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import EntitlementsDoors
 import EntitlementsFleet
+import EntitlementsIngestion
 import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsStore
@@ -100,6 +101,22 @@ struct ServeCommand: AsyncParsableCommand {
     var appstoreRootCert: String?
     @Option(help: "The bundle ids of the apps whose App Store notifications are accepted, comma-separated. Required with --appstore-root-cert.")
     var appstoreBundleId: String?
+    @Option(help: "The Android package names whose Google Play notifications are accepted, comma-separated (docs/ingestion.md).")
+    var googleplayPackage: String?
+    @Option(help: "The Google service account's JSON key file, as Google issues it: reads purchases with the Play Developer API and pulls from Pub/Sub.")
+    var googleplayServiceAccount: String?
+    @Option(help: "The Play Developer API's base URL (default https://androidpublisher.googleapis.com).")
+    var googleplayApiUrl: String?
+    @Option(help: "The audience of the Pub/Sub push subscription's tokens. Turns on POST /webhooks/googleplay.")
+    var googleplayPushAudience: String?
+    @Option(help: "The service account email the Pub/Sub push tokens must name.")
+    var googleplayPushServiceAccount: String?
+    @Option(help: "Google's keys for the push tokens (default https://www.googleapis.com/oauth2/v3/certs).")
+    var googleplayJwksUrl: String?
+    @Option(help: "Pull the notifications from this Pub/Sub subscription (projects/P/subscriptions/S).")
+    var googleplayPubsubSubscription: String?
+    @Option(help: "Pub/Sub's base URL for pull (default https://pubsub.googleapis.com).")
+    var googleplayPubsubUrl: String?
     @Option(help: "trace, debug, info (default), notice, warning, error or critical.")
     var logLevel: String?
     @Option(help: "How long a check with min_log_sequence waits for this server to apply it (default 100ms).")
@@ -167,7 +184,11 @@ struct ServeCommand: AsyncParsableCommand {
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
             ("admin", self.admin), ("grpc-listen", self.grpcListen), ("webhooks-listen", self.webhooksListen),
             ("stripe-webhook-secret-file", self.stripeWebhookSecretFile), ("stripe-customer-key", self.stripeCustomerKey),
-            ("appstore-root-cert", self.appstoreRootCert), ("appstore-bundle-id", self.appstoreBundleId), ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
+            ("appstore-root-cert", self.appstoreRootCert), ("appstore-bundle-id", self.appstoreBundleId),
+            ("googleplay-package", self.googleplayPackage), ("googleplay-service-account", self.googleplayServiceAccount), ("googleplay-api-url", self.googleplayApiUrl),
+            ("googleplay-push-audience", self.googleplayPushAudience), ("googleplay-push-service-account", self.googleplayPushServiceAccount),
+            ("googleplay-jwks-url", self.googleplayJwksUrl), ("googleplay-pubsub-subscription", self.googleplayPubsubSubscription), ("googleplay-pubsub-url", self.googleplayPubsubUrl),
+            ("log-level", self.logLevel), ("min-sequence-wait", self.minSequenceWait), ("postgres", self.postgres),
             ("fleet-poll-interval", self.fleetPollInterval), ("fleet-listen", self.fleetListen), ("fleet-write-wait", self.fleetWriteWait), ("fleet-connections", self.fleetConnections),
             ("max-staleness", self.maxStaleness), ("stale-policy", self.stalePolicy), ("fleet-read-url", self.fleetReadUrl),
             ("auth-token-file", self.authTokenFile), ("listen-permissions", self.listenPermissions), ("listen-anonymous", self.listenAnonymous),
@@ -280,6 +301,19 @@ struct ServeCommand: AsyncParsableCommand {
             Self.say("error: cannot serve: \(error)")
             throw ExitCode(2)
         }
+        // The store webhooks, and Google Play's client (made before the server: its pull
+        // starts once the server runs).
+        let webhooks: (door: ServerDoor?, ingestion: WebhookIngestion?)
+        do {
+            var play: GooglePlay?
+            if let playSettings = try settings.googlePlay() {
+                play = await GooglePlay(settings: playSettings)
+            }
+            webhooks = try settings.webhooks(factory: factory, security: security.webhooks, googlePlay: play)
+        } catch {
+            Self.say("error: cannot serve: \(error)")
+            throw ExitCode(2)
+        }
         let server: EntitlementsServer
         do {
             server = try await EntitlementsServer.start(
@@ -289,7 +323,7 @@ struct ServeCommand: AsyncParsableCommand {
                 metrics: metrics,
                 logger: logger,
                 doors: (try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1, security: security.grpc)] } ?? [])
-                    + (try settings.webhooks(factory: factory, security: security.webhooks).map { [$0] } ?? []),
+                    + (webhooks.door.map { [$0] } ?? []),
                 tracing: tracing.map { CallTracing(tracer: $0.tracer) }
             ) { message in
                 logger.notice("\(message)")
@@ -349,6 +383,11 @@ struct ServeCommand: AsyncParsableCommand {
             services.append(.init(service: fleet, successTerminationBehavior: .ignore, failureTerminationBehavior: .gracefullyShutdownGroup))
         }
         services.append(.init(service: service))
+        if let ingestion = webhooks.ingestion, let puller = GooglePlayPuller(ingestion: ingestion, methods: server.methods, eventLoop: server.group.next()) {
+            // Stopped first (services stop in reverse order): no message is taken once the drain starts.
+            services.append(.init(service: puller, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
+            Self.say("googleplay pulling from \(settings.text("googleplay-pubsub-subscription") ?? "?")")
+        }
         var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .nanoseconds(drainTimeout.nanoseconds)
         let group = ServiceGroup(configuration: groupConfiguration)

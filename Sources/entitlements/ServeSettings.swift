@@ -70,6 +70,14 @@ struct ServeSettings {
         Key(name: "stripe-customer-key", defaultValue: "user_id", help: "the metadata key naming the user id on Stripe subscriptions and customers"),
         Key(name: "appstore-root-cert", defaultValue: nil, help: "Apple Root CA - G3 (PEM or DER) App Store notifications must chain to; turns on POST /webhooks/appstore"),
         Key(name: "appstore-bundle-id", defaultValue: nil, help: "the app bundle ids whose App Store notifications are accepted, comma-separated"),
+        Key(name: "googleplay-package", defaultValue: nil, help: "the Android package names whose Google Play notifications are accepted, comma-separated (docs/ingestion.md)"),
+        Key(name: "googleplay-service-account", defaultValue: nil, help: "the Google service account's JSON key file, as Google issues it: reads purchases with the Play Developer API, pulls from Pub/Sub"),
+        Key(name: "googleplay-api-url", defaultValue: "https://androidpublisher.googleapis.com", help: "the Play Developer API's base URL (a private proxy, or a test's fake)"),
+        Key(name: "googleplay-push-audience", defaultValue: nil, help: "the audience of the Pub/Sub push subscription's tokens; turns on POST /webhooks/googleplay"),
+        Key(name: "googleplay-push-service-account", defaultValue: nil, help: "the service account email the Pub/Sub push tokens must name"),
+        Key(name: "googleplay-jwks-url", defaultValue: "https://www.googleapis.com/oauth2/v3/certs", help: "Google's keys for the Pub/Sub push tokens"),
+        Key(name: "googleplay-pubsub-subscription", defaultValue: nil, help: "pull the notifications from this Pub/Sub subscription, projects/P/subscriptions/S, instead of (or as well as) push"),
+        Key(name: "googleplay-pubsub-url", defaultValue: "https://pubsub.googleapis.com", help: "Pub/Sub's base URL for pull (a test's fake, or a private endpoint)"),
         Key(name: "otlp-endpoint", defaultValue: nil, help: "send a span per call to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (docs/tracing.md); off by default"),
         Key(name: "trace-sample-ratio", defaultValue: "0.01", help: "the share of the traces this server starts that it records, 0 to 1; a caller's sampled trace is always recorded"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
@@ -545,7 +553,65 @@ extension ServeSettings {
 
     /// The paths --webhooks-listen serves, for the start-up line.
     func webhookRoutes() -> [String] {
-        WebhookIngestion.routes(stripe: self.text("stripe-webhook-secret-file") != nil, appStore: self.text("appstore-root-cert") != nil)
+        WebhookIngestion.routes(
+            stripe: self.text("stripe-webhook-secret-file") != nil, appStore: self.text("appstore-root-cert") != nil,
+            googlePlayPush: self.text("googleplay-push-audience") != nil
+        )
+    }
+
+    /// The --googleplay-* settings; nil when Google Play is off. The key file is read and
+    /// its key checked here.
+    func googlePlay() throws -> GooglePlaySettings? {
+        let names = ["googleplay-package", "googleplay-service-account", "googleplay-push-audience", "googleplay-push-service-account", "googleplay-pubsub-subscription"]
+        let given = names.filter { self.text($0) != nil }
+        guard !given.isEmpty else {
+            return nil
+        }
+        let packages = Set((self.text("googleplay-package") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        guard !packages.isEmpty, let keyFile = self.text("googleplay-service-account") else {
+            throw ValidationError(
+                "\(self.origin(given[0])) turns on Google Play, which needs --googleplay-package NAME[,NAME] (the apps whose notifications are accepted) and --googleplay-service-account FILE (the key that reads their purchases)"
+            )
+        }
+        var push: GooglePlaySettings.Push?
+        switch (self.text("googleplay-push-audience"), self.text("googleplay-push-service-account")) {
+        case (let audience?, let email?):
+            push = GooglePlaySettings.Push(jwksURL: try self.url("googleplay-jwks-url"), audience: audience, serviceAccount: email)
+        case (nil, nil):
+            push = nil
+        default:
+            throw ValidationError("--googleplay-push-audience and --googleplay-push-service-account go together: the push tokens are checked for both")
+        }
+        let pull = try self.text("googleplay-pubsub-subscription").map { subscription in
+            if let problem = GooglePlaySettings.subscriptionProblem(subscription) {
+                throw ValidationError("\(self.origin("googleplay-pubsub-subscription")) \(problem)")
+            }
+            return GooglePlaySettings.Pull(subscription: subscription, pubsubURL: try self.url("googleplay-pubsub-url"))
+        }
+        guard push != nil || pull != nil else {
+            throw ValidationError(
+                "Google Play needs a way in: --googleplay-push-audience with --googleplay-push-service-account (Pub/Sub push to --webhooks-listen), or --googleplay-pubsub-subscription (pull)"
+            )
+        }
+        guard self.dataDirectory != nil else {
+            throw ValidationError("Google Play needs --data-dir (and, in fleet mode, --postgres): the notifications are writes")
+        }
+        let account: GoogleServiceAccount
+        do {
+            account = try GoogleServiceAccount.load(path: keyFile)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        return GooglePlaySettings(packages: packages, serviceAccount: account, apiURL: try self.url("googleplay-api-url"), push: push, pull: pull)
+    }
+
+    /// An http(s) URL setting.
+    private func url(_ name: String) throws -> String {
+        let text = self.text(name) ?? Self.keys.first { $0.name == name }?.defaultValue ?? ""
+        guard let url = URL(string: text), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
+            throw ValidationError("\(self.origin(name)) must be an http:// or https:// URL, got \"\(text)\"")
+        }
+        return text
     }
 
     /// --otlp-endpoint and --trace-sample-ratio: where spans go, or nil (tracing off).
@@ -563,12 +629,19 @@ extension ServeSettings {
         return OTLPTracingSettings(endpoint: endpoint, sampleRatio: ratio)
     }
 
-    /// The listener of --webhooks-listen (docs/ingestion.md); nil when it is off. Its
-    /// counters go to `factory` (the server's Prometheus registry).
-    func webhooks(factory: (any MetricsFactory)? = nil, security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks"))) throws -> ServerDoor? {
+    /// The store webhooks (docs/ingestion.md): the ingestion, nil when no store is set up,
+    /// and the listener of --webhooks-listen, nil when it is off. Counters go to `factory`
+    /// (the server's Prometheus registry). `googlePlay` is made from ``googlePlay()``
+    /// by the caller (it is made asynchronously).
+    func webhooks(
+        factory: (any MetricsFactory)? = nil,
+        security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks")),
+        googlePlay: GooglePlay? = nil
+    ) throws -> (door: ServerDoor?, ingestion: WebhookIngestion?) {
         let address = try self.address("webhooks-listen")
         let stripe = try self.stripeWebhooks()
         let appStore = try self.appStoreWebhooks()
+        let play = try self.googlePlay()
         guard let address else {
             if stripe != nil {
                 throw ValidationError("--stripe-webhook-secret-file needs --webhooks-listen HOST:PORT to receive Stripe's events on")
@@ -576,15 +649,21 @@ extension ServeSettings {
             if appStore != nil {
                 throw ValidationError("--appstore-root-cert needs --webhooks-listen HOST:PORT to receive App Store notifications on")
             }
-            return nil
+            if play?.push != nil {
+                throw ValidationError("--googleplay-push-audience needs --webhooks-listen HOST:PORT to receive Pub/Sub's pushes on (or pull instead: --googleplay-pubsub-subscription)")
+            }
+            let ingestion = play.map { _ in WebhookIngestion(stripe: nil, googlePlay: googlePlay, factory: factory ?? MetricsSystem.factory) }
+            return (nil, ingestion)
         }
-        guard stripe != nil || appStore != nil else {
-            throw ValidationError("--webhooks-listen needs a store to take events from: --stripe-webhook-secret-file FILE, or --appstore-root-cert FILE with --appstore-bundle-id ID")
+        guard stripe != nil || appStore != nil || play?.push != nil else {
+            throw ValidationError(
+                "--webhooks-listen needs a store to take events from: --stripe-webhook-secret-file FILE, or --appstore-root-cert FILE with --appstore-bundle-id ID, or --googleplay-push-audience with the other --googleplay-* settings"
+            )
         }
         guard self.dataDirectory != nil else {
             throw ValidationError("--webhooks-listen needs --data-dir (and, in fleet mode, --postgres): the events are writes")
         }
-        let ingestion = WebhookIngestion(stripe: stripe, appStore: appStore, factory: factory ?? MetricsSystem.factory)
-        return WebhookListener.door(host: address.host, port: address.port, ingestion: ingestion, security: security)
+        let ingestion = WebhookIngestion(stripe: stripe, appStore: appStore, googlePlay: googlePlay, factory: factory ?? MetricsSystem.factory)
+        return (WebhookListener.door(host: address.host, port: address.port, ingestion: ingestion, security: security), ingestion)
     }
 }

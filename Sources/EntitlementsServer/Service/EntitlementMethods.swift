@@ -284,6 +284,11 @@ public final class EntitlementMethods: Sendable {
         self.store.catalog.contains(productId)
     }
 
+    /// The billing period the catalog gives `productId` (`.unspecified` when it gives none).
+    public func catalogPeriod(_ productId: String) -> SubscriptionPeriod {
+        self.store.catalog.period(of: productId)
+    }
+
     /// Compact: a new snapshot holding every acknowledged write.
     func compact(_ context: CallContext) -> MethodResult<CompactResponse> {
         let promise = context.eventLoop.makePromise(of: Result<CompactResponse, ServiceError>.self)

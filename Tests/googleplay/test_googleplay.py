@@ -1,0 +1,554 @@
+"""Google Play ingestion end to end (docs/ingestion.md, "Google Play"): the real
+`entitlements serve`, with a real data directory, against fake_google.py, the loopback
+stand-in for Google built from its documents. Keys are made with openssl here; push tokens
+are signed with them as Google signs its OIDC tokens.
+
+Usage: python3 Tests/googleplay/test_googleplay.py path/to/entitlements
+Talks to loopback only; stops the servers it started, by pid."""
+import base64
+import http.client
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+from cryptography.hazmat.primitives import serialization
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_google import FakeGoogle, sign_jwt  # noqa: E402
+
+ENT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".build/debug/entitlements")
+PACKAGE = "com.example.app"
+AUDIENCE = "https://entitlements.example.com/webhooks/googleplay"
+PUSHER = "pubsub-push@example-project.iam.gserviceaccount.com"
+ACCOUNT = "play-reader@example-project.iam.gserviceaccount.com"
+SUBSCRIPTION = "projects/example-project/subscriptions/play-rtdn"
+DAY = 86_400_000
+NOW = int(time.time() * 1000)
+WORK = tempfile.mkdtemp(prefix="googleplay-")
+FAILURES = []
+
+
+def check(condition, what):
+    print(("ok   " if condition else "FAIL ") + what)
+    if not condition:
+        FAILURES.append(what)
+
+
+def openssl_key(name):
+    path = os.path.join(WORK, name + ".pem")
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", path], check=True, capture_output=True)
+    with open(path, "rb") as f:
+        pem = f.read()
+    return pem, serialization.load_pem_private_key(pem, None)
+
+
+def rfc3339(ms):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + ".%03dZ" % (ms % 1000)
+
+
+# MARK: Keys, the fake, the server
+
+account_pem, account_key = openssl_key("service-account")
+push_pem, push_key = openssl_key("push-signer")
+rotated_pem, rotated_key = openssl_key("push-signer-2")
+stranger_pem, stranger_key = openssl_key("stranger")
+account_public = account_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+fake = FakeGoogle(ACCOUNT, "key-1", account_public)
+fake.jwks_keys = [(push_key.public_key(), "push-1")]
+with open(os.path.join(WORK, "service-account.json"), "w") as f:
+    json.dump({"type": "service_account", "project_id": "example-project", "private_key_id": "key-1", "private_key": account_pem.decode(),
+               "client_email": ACCOUNT, "client_id": "1", "token_uri": fake.url + "/token"}, f)
+
+CATALOG = {"products": [
+    {"id": "premium_sub", "type": "subscription", "period": "monthly", "entitlements": ["premium"]},
+    {"id": "premium_sub:yearly", "type": "subscription", "period": "annual", "entitlements": ["premium", "pro"]},
+    {"id": "lifetime", "type": "nonConsumable", "entitlements": ["premium"]},
+]}
+with open(os.path.join(WORK, "catalog.json"), "w") as f:
+    json.dump(CATALOG, f)
+open(os.path.join(WORK, "customers.jsonl"), "w").close()
+subprocess.run([ENT, "snapshot", "build", "--catalog", os.path.join(WORK, "catalog.json"), "--customers", os.path.join(WORK, "customers.jsonl"),
+                "--output", os.path.join(WORK, "seed.snap")], check=True, capture_output=True)
+
+
+class Server:
+    def __init__(self, data="data", pull=True, extra=()):
+        self.log = open(os.path.join(WORK, "serve-%s.log" % time.time()), "w+")
+        args = [ENT, "serve", "--data-dir", os.path.join(WORK, data), "--snapshot", os.path.join(WORK, "seed.snap"), "--listen", "127.0.0.1:0", *extra,
+                "--grpc-listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--webhooks-listen", "127.0.0.1:0",
+                "--googleplay-package", PACKAGE, "--googleplay-service-account", os.path.join(WORK, "service-account.json"),
+                "--googleplay-api-url", fake.url, "--googleplay-jwks-url", fake.url + "/oauth2/v3/certs",
+                "--googleplay-push-audience", AUDIENCE, "--googleplay-push-service-account", PUSHER]
+        if pull:
+            args += ["--googleplay-pubsub-subscription", SUBSCRIPTION, "--googleplay-pubsub-url", fake.url]
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(300):
+            self.log.seek(0)
+            text = self.log.read()
+            if "webhooks listening on" in text and "grpc listening on" in text:
+                break
+            if self.process.poll() is not None:
+                raise SystemExit("serve exited:\n" + text)
+            time.sleep(0.1)
+        ports = dict(re.findall(r"^(grpc|admin|webhooks) listening on 127\.0\.0\.1:(\d+)", text, re.M))
+        self.grpc, self.admin, self.webhooks = int(ports["grpc"]), int(ports["admin"]), int(ports["webhooks"])
+
+    def stop(self, sig=signal.SIGTERM):
+        self.process.send_signal(sig)
+        self.process.wait(timeout=30)
+
+
+server = Server()
+
+
+def post(port, path, body, headers=None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection.request("POST", path, body=data, headers=dict({"Content-Type": "application/json"}, **(headers or {})))
+    response = connection.getresponse()
+    payload = response.read()
+    connection.close()
+    try:
+        return response.status, json.loads(payload) if payload else None
+    except ValueError:
+        return response.status, payload
+
+
+def push_token(key=None, kid="push-1", **overrides):
+    claims = {"iss": "https://accounts.google.com", "aud": AUDIENCE, "azp": "1234", "email": PUSHER, "email_verified": True,
+              "sub": "1234", "iat": int(time.time()), "exp": int(time.time()) + 3600}
+    claims.update(overrides)
+    return sign_jwt(key or push_key, kid, claims)
+
+
+def envelope(notification):
+    data = base64.b64encode(json.dumps(notification).encode()).decode()
+    return {"message": {"data": data, "messageId": "m-%d" % time.time_ns(), "publishTime": rfc3339(NOW)}, "subscription": SUBSCRIPTION}
+
+
+def push(notification, token=None, raw=None, auth=None, to=None):
+    headers = {"Authorization": auth if auth is not None else "Bearer " + (token or push_token())}
+    return post((to or server).webhooks, "/webhooks/googleplay", raw if raw is not None else envelope(notification), headers)
+
+
+def rtdn(kind, body, package=PACKAGE):
+    return {"version": "1.0", "packageName": package, "eventTimeMillis": str(NOW), kind: body}
+
+
+def sub_note(token, type_):
+    return rtdn("subscriptionNotification", {"version": "1.0", "notificationType": type_, "purchaseToken": token})
+
+
+def subscription(state, expiry, order, start=None, account=None, ack="ACKNOWLEDGEMENT_STATE_PENDING", product="premium_sub", base_plan="monthly",
+                 auto_renew=True, phase="basePrice", linked=None, canceled=None, test=False, price=("9", 990000000, "USD")):
+    item = {"productId": product, "expiryTime": rfc3339(expiry), "latestSuccessfulOrderId": order,
+            "autoRenewingPlan": {"autoRenewEnabled": auto_renew, "recurringPrice": {"currencyCode": price[2], "units": price[0], "nanos": price[1]}},
+            "offerDetails": {"basePlanId": base_plan, "offerTags": []}, "offerPhase": {phase: {}}}
+    resource = {"kind": "androidpublisher#subscriptionPurchaseV2", "regionCode": "US", "startTime": rfc3339(start or NOW - 10 * DAY),
+                "subscriptionState": state, "acknowledgementState": ack, "lineItems": [item]}
+    if account:
+        resource["externalAccountIdentifiers"] = {"obfuscatedExternalAccountId": account}
+    if linked:
+        resource["linkedPurchaseToken"] = linked
+    if canceled:
+        resource["canceledStateContext"] = {canceled: {"cancelTime": rfc3339(NOW - DAY)} if canceled == "userInitiatedCancellation" else {}}
+    if test:
+        resource["testPurchase"] = {}
+    return resource
+
+
+def check_user(user, at=None, environment="ENVIRONMENT_PRODUCTION", on=None):
+    status, answer = post((on or server).grpc, "/entitlements.v1.EntitlementService/CheckEntitlements",
+                          {"userId": user, "at": str(at or NOW), "environment": environment})
+    assert status == 200, (status, answer)
+    return answer
+
+
+class Postgres:
+    """A real PostgreSQL for the fleet part: initdb into a temporary directory (as the
+    postgres user when this runs as root, since initdb refuses root), pg_ctl on a free port."""
+
+    def __init__(self):
+        versions = sorted(os.listdir("/usr/lib/postgresql"), key=lambda v: int(v) if v.isdigit() else 0) if os.path.isdir("/usr/lib/postgresql") else []
+        self.bin = next(("/usr/lib/postgresql/%s/bin" % v for v in reversed(versions) if os.path.exists("/usr/lib/postgresql/%s/bin/initdb" % v)), None)
+        if self.bin is None:
+            raise SystemExit("PostgreSQL's server is not installed: apt-get install -y postgresql")
+        self.dir = tempfile.mkdtemp(prefix="googleplay-pg-")
+        os.chmod(self.dir, 0o777)
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        with open(self.dir + "/pw", "w") as f:
+            f.write("secret")
+        os.chmod(self.dir + "/pw", 0o644)
+        self.run("initdb", "-D", self.dir + "/data", "-U", "postgres", "--auth=scram-sha-256", "--pwfile=" + self.dir + "/pw", "-E", "UTF8", "--no-sync")
+        self.start()
+        self.url = "postgres://postgres:secret@127.0.0.1:%d/postgres" % self.port
+
+    def run(self, tool, *args):
+        command = [self.bin + "/" + tool, *args]
+        if os.getuid() == 0:
+            command = ["/usr/sbin/runuser", "-u", "postgres", "--"] + command
+        subprocess.run(command, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+
+    def start(self):
+        self.run("pg_ctl", "-D", self.dir + "/data", "-l", self.dir + "/log", "-w", "-t", "60",
+                 "-o", "-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off" % (self.port, self.dir), "start")
+
+    def stop(self, mode="fast"):
+        self.run("pg_ctl", "-D", self.dir + "/data", "-m", mode, "-w", "stop")
+
+    def remove(self):
+        try:
+            self.stop("immediate")
+        except Exception:  # noqa: BLE001
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def premium(user, **kwargs):
+    return check_user(user, **kwargs).get("entitlements", {}).get("premium")
+
+
+def metric(name, **labels):
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.admin, timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all('%s="%s"' % (k, v) in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def link(user, alias):
+    status, answer = post(server.grpc, "/entitlements.v1.EntitlementService/LinkAlias", {"userId": user, "alias": alias, "transfer": True})
+    assert status == 200, (status, answer)
+
+
+try:
+    # MARK: Authentication and envelopes: nothing is written
+    status, answer = push(rtdn("testNotification", {"version": "1.0"}))
+    check(status == 200 and answer.get("ignored") == "test", "a test notification is answered 200, ignored: %r" % (answer,))
+    fake.set_subscription(PACKAGE, "tok-auth", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.0000-0000-0000-00001", account="mallory"))
+    note = sub_note("tok-auth", 4)
+    for what, kwargs, expected in [
+        ("no Authorization", {"auth": ""}, 401),
+        ("a token signed by another key under Google's kid", {"token": push_token(key=stranger_key)}, 401),
+        ("an expired token", {"token": push_token(exp=int(time.time()) - 10)}, 401),
+        ("a token of another issuer", {"token": push_token(iss="https://evil.example.com")}, 401),
+        ("alg none", {"auth": "Bearer " + base64.urlsafe_b64encode(b'{"alg":"none","kid":"push-1"}').decode().rstrip("=") + "." + base64.urlsafe_b64encode(json.dumps({"aud": AUDIENCE, "email": PUSHER}).encode()).decode().rstrip("=") + "."}, 401),
+        ("a wrong audience", {"token": push_token(aud="https://other.example.com")}, 403),
+        ("a wrong service account", {"token": push_token(email="someone@example.com")}, 403),
+        ("an unverified email", {"token": push_token(email_verified=False)}, 403),
+    ]:
+        status, answer = push(note, **kwargs)
+        check(status == expected and "error" in answer, "%s: %d, %r" % (what, status, answer))
+    check(fake.calls("tok-auth") == 0 and "premium" not in check_user("mallory").get("entitlements", {}), "a refused push reads and writes nothing")
+    for what, raw, reason in [
+        ("not JSON", b"{oops", "malformed_json"),
+        ("no message.data", {"message": {"messageId": "1"}}, "missing_field"),
+        ("data not base64", {"message": {"data": "%%%", "messageId": "1"}}, "malformed_json"),
+        ("data not a notification", {"message": {"data": base64.b64encode(b'{"a":1}').decode()}}, "missing_field"),
+    ]:
+        status, answer = push(None, raw=raw)
+        check(status == 400 and answer.get("reason") == reason, "malformed envelope, %s: 400 %s (%r)" % (what, reason, answer))
+    status, answer = push(rtdn("subscriptionNotification", {"notificationType": 4, "purchaseToken": "tok-auth"}, package="com.other.app"))
+    check(status == 400 and answer.get("reason") == "other_app", "another package is refused: %r" % (answer,))
+
+    # MARK: A purchase, from notification to an active entitlement, acknowledged
+    expiry = NOW + 20 * DAY
+    fake.set_subscription(PACKAGE, "tok-alice", subscription("SUBSCRIPTION_STATE_ACTIVE", expiry, "GPA.1111-2222-3333-44444", account="alice"))
+    status, answer = push(sub_note("tok-alice", 4))
+    check(status == 200 and answer.get("changed") is True and answer.get("customerId") == "alice", "SUBSCRIPTION_PURCHASED applies: %r" % (answer,))
+    entitlement = premium("alice")
+    check(entitlement and entitlement["isActive"] and entitlement["source"] == "playstore" and entitlement["productId"] == "premium_sub",
+          "alice has premium from Play: %r" % (entitlement,))
+    check(entitlement and entitlement.get("priceMicros") == 9990000 and entitlement.get("currency") == "USD", "the price comes from the line item")
+    check(fake.acknowledged == ["/androidpublisher/v3/applications/com.example.app/purchases/subscriptions/premium_sub/tokens/tok-alice:acknowledge"],
+          "the purchase is acknowledged once its writes are durable: %r" % fake.acknowledged)
+    status, answer = push(sub_note("tok-alice", 4))
+    check(status == 200 and answer.get("changed") is False and len(fake.acknowledged) == 1, "a redelivery changes nothing and acknowledges nothing again")
+    check(fake.token_exchanges == 1 and not fake.token_failures, "one token exchange, its assertion verified: %d %r" % (fake.token_exchanges, fake.token_failures))
+
+    # The lifecycle of one subscription, each notification refetched.
+    renewed = NOW + 50 * DAY
+    fake.set_subscription(PACKAGE, "tok-alice", subscription("SUBSCRIPTION_STATE_ACTIVE", renewed, "GPA.1111-2222-3333-44444..0", account="alice",
+                                                             ack="ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED"))
+    status, answer = push(sub_note("tok-alice", 2))
+    entitlement = premium("alice", at=NOW + 25 * DAY)
+    check(status == 200 and entitlement["expirationDate"] == rfc3339(renewed) and entitlement.get("renewsCount") == 1, "a renewal records the new period: %r" % (entitlement,))
+    fake.set_subscription(PACKAGE, "tok-alice", subscription("SUBSCRIPTION_STATE_CANCELED", renewed, "GPA.1111-2222-3333-44444..0", account="alice",
+                                                             ack="ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED", auto_renew=False, canceled="userInitiatedCancellation"))
+    push(sub_note("tok-alice", 3))
+    entitlement = premium("alice", at=NOW + 25 * DAY)
+    check(entitlement["isActive"] and entitlement.get("cancellationReason") == "customer" and entitlement.get("renewState") == "canceled",
+          "canceled: access until expiry, reason customer: %r" % ({k: entitlement.get(k) for k in ("isActive", "cancellationReason", "renewState")},))
+
+    # Grace, hold, recovery.
+    grace_end = NOW + 3 * DAY
+    fake.set_subscription(PACKAGE, "tok-bob", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + DAY, "GPA.2000-0000-0000-00001", account="bob"))
+    push(sub_note("tok-bob", 4))
+    fake.set_subscription(PACKAGE, "tok-bob", subscription("SUBSCRIPTION_STATE_IN_GRACE_PERIOD", grace_end, "GPA.2000-0000-0000-00001", account="bob",
+                                                           ack="ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED"))
+    push(sub_note("tok-bob", 6))
+    entitlement = premium("bob", at=NOW + 2 * DAY)
+    check(entitlement["isActive"] and entitlement.get("gracePeriodExpirationDate") == rfc3339(grace_end) and entitlement.get("renewState") == "billingIssue",
+          "in grace: active past the period's end, billing issue: %r" % ({k: entitlement.get(k) for k in ("isActive", "gracePeriodExpirationDate", "renewState")},))
+    fake.set_subscription(PACKAGE, "tok-bob", subscription("SUBSCRIPTION_STATE_ON_HOLD", grace_end, "GPA.2000-0000-0000-00001", account="bob",
+                                                           ack="ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED"))
+    push(sub_note("tok-bob", 5))
+    check(not premium("bob", at=NOW + 4 * DAY)["isActive"], "on hold: no access after the grace period")
+    fake.set_subscription(PACKAGE, "tok-bob", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 33 * DAY, "GPA.2000-0000-0000-00001..0", account="bob",
+                                                           ack="ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED"))
+    push(sub_note("tok-bob", 1))
+    entitlement = premium("bob", at=NOW + 4 * DAY)
+    check(entitlement["isActive"] and entitlement.get("renewState") == "willRenew", "recovered: active again, will renew: %r" % (entitlement.get("renewState"),))
+
+    # Pause, expiry, revocation.
+    fake.set_subscription(PACKAGE, "tok-carol", subscription("SUBSCRIPTION_STATE_PAUSED", NOW - DAY, "GPA.3000-0000-0000-00001", account="carol"))
+    push(sub_note("tok-carol", 10))
+    check(not premium("carol")["isActive"], "paused: no access")
+    fake.set_subscription(PACKAGE, "tok-dave", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.4000-0000-0000-00001", account="dave"))
+    push(sub_note("tok-dave", 4))
+    fake.set_subscription(PACKAGE, "tok-dave", subscription("SUBSCRIPTION_STATE_EXPIRED", NOW - 1000, "GPA.4000-0000-0000-00001", account="dave", auto_renew=False,
+                                                            canceled="developerInitiatedCancellation", ack="ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED"))
+    push(sub_note("tok-dave", 12))
+    entitlement = premium("dave")
+    check(not entitlement["isActive"] and entitlement.get("cancellationReason") == "developer",
+          "revoked (expired before its period's end): no access, reason developer: %r" % ({k: entitlement.get(k) for k in ("isActive", "isRevoked", "cancellationReason")},))
+
+    # Trials, intro offers, the base plan in the catalog, test purchases.
+    fake.set_subscription(PACKAGE, "tok-trial", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 7 * DAY, "GPA.5000-0000-0000-00001", account="erin", phase="freeTrial"))
+    push(sub_note("tok-trial", 4))
+    entitlement = premium("erin")
+    check(entitlement["periodType"] == "trial" and entitlement.get("priceMicros") == 0, "a free trial: period type trial, price 0: %r" % (entitlement.get("periodType"),))
+    fake.set_subscription(PACKAGE, "tok-intro", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.5100-0000-0000-00001", account="frank", phase="introductoryPrice"))
+    push(sub_note("tok-intro", 4))
+    entitlement = premium("frank")
+    check(entitlement["periodType"] == "intro" and entitlement.get("priceMicros") is None, "an intro offer: period type intro, no price: %r" % (entitlement.get("periodType"),))
+    fake.set_subscription(PACKAGE, "tok-yearly", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 300 * DAY, "GPA.5200-0000-0000-00001", account="gina", base_plan="yearly"))
+    push(sub_note("tok-yearly", 4))
+    answer = check_user("gina")
+    check("pro" in answer["entitlements"] and answer["entitlements"]["pro"]["productId"] == "premium_sub:yearly", "PRODUCT:BASEPLAN in the catalog is the product")
+    fake.set_subscription(PACKAGE, "tok-test", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.5300-0000-0000-00001", account="hank", test=True))
+    push(sub_note("tok-test", 4))
+    check("premium" not in check_user("hank")["entitlements"] and premium("hank", environment="ENVIRONMENT_SANDBOX")["isActive"], "a test purchase is a sandbox one")
+
+    # Upgrade with a linked token: same customer, the old chain ends where the new starts.
+    fake.set_subscription(PACKAGE, "tok-old", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.6000-0000-0000-00001", start=NOW - 10 * DAY))
+    link("ivan", "googleplay:tok-old")
+    push(sub_note("tok-old", 4))
+    fake.set_subscription(PACKAGE, "tok-new", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 365 * DAY, "GPA.6001-0000-0000-00001", start=NOW - DAY,
+                                                           base_plan="yearly", linked="tok-old"))
+    status, answer = push(sub_note("tok-new", 4))
+    check(status == 200 and answer.get("customerId") == "ivan", "the upgrade finds the customer through the linked token: %r" % (answer,))
+    answer = check_user("ivan")
+    check(answer["entitlements"]["premium"]["productId"] == "premium_sub:yearly" and answer["entitlements"]["pro"]["isActive"], "the new plan gives premium and pro")
+    old = check_user("ivan", at=NOW - DAY // 2)
+    check(old["entitlements"]["premium"]["productId"] == "premium_sub:yearly", "from the new start the old chain no longer wins")
+
+    # One-time products.
+    fake.set_product(PACKAGE, "lifetime", "tok-life", {"kind": "androidpublisher#productPurchase", "purchaseTimeMillis": str(NOW - DAY), "purchaseState": 0,
+                                                       "consumptionState": 0, "acknowledgementState": 0, "orderId": "GPA.7000-0000-0000-00001",
+                                                       "obfuscatedExternalAccountId": "judy", "regionCode": "US"})
+    status, answer = push(rtdn("oneTimeProductNotification", {"version": "1.0", "notificationType": 1, "purchaseToken": "tok-life", "sku": "lifetime"}))
+    entitlement = premium("judy")
+    check(status == 200 and entitlement["isActive"] and entitlement.get("expirationDate") is None, "a one-time purchase: active, never expires: %r" % (answer,))
+    check(any("/purchases/products/lifetime/tokens/tok-life:acknowledge" in p for p in fake.acknowledged), "the one-time purchase is acknowledged")
+    fake.set_product(PACKAGE, "lifetime", "tok-pending", {"purchaseTimeMillis": str(NOW), "purchaseState": 2, "acknowledgementState": 0, "obfuscatedExternalAccountId": "kate"})
+    status, answer = push(rtdn("oneTimeProductNotification", {"notificationType": 1, "purchaseToken": "tok-pending", "sku": "lifetime"}))
+    check(status == 200 and answer.get("ignored") == "pending" and "premium" not in check_user("kate")["entitlements"], "a pending purchase writes nothing")
+    fake.set_product(PACKAGE, "lifetime", "tok-pending", {"purchaseTimeMillis": str(NOW), "purchaseState": 1, "acknowledgementState": 0, "obfuscatedExternalAccountId": "kate"})
+    status, answer = push(rtdn("oneTimeProductNotification", {"notificationType": 2, "purchaseToken": "tok-pending", "sku": "lifetime"}))
+    check(status == 200 and answer.get("ignored") == "canceled", "a canceled pending purchase writes nothing")
+
+    # Voided purchases: a full refund revokes at the void time, a partial one does not.
+    status, answer = push(rtdn("voidedPurchaseNotification", {"purchaseToken": "tok-life", "orderId": "GPA.7000-0000-0000-00001", "productType": 2, "refundType": 2}))
+    check(status == 200 and answer.get("ignored") == "partial_refund" and premium("judy")["isActive"], "a partial refund leaves access")
+    status, answer = push(rtdn("voidedPurchaseNotification", {"purchaseToken": "tok-life", "orderId": "GPA.7000-0000-0000-00001", "productType": 2, "refundType": 1}))
+    entitlement = premium("judy")
+    check(status == 200 and not entitlement["isActive"] and entitlement["isRevoked"], "a full refund revokes: %r" % (answer,))
+
+    # Identity: no account id and no alias waits (503), and applies once the alias is linked.
+    fake.set_subscription(PACKAGE, "tok-anon", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.8000-0000-0000-00001"))
+    status, answer = push(sub_note("tok-anon", 4))
+    check(status == 503 and answer.get("reason") == "unknown_identity", "a purchase naming nobody is refused 503: %r" % (answer,))
+    check(not any("tok-anon" in p for p in fake.acknowledged), "and it is not acknowledged")
+    link("leo", "googleplay:tok-anon")
+    status, answer = push(sub_note("tok-anon", 4))
+    check(status == 200 and answer.get("customerId") == "leo" and premium("leo")["isActive"], "linked, the redelivery applies")
+
+    # Unknown tokens.
+    status, answer = push(sub_note("tok-nobody", 4))
+    check(status == 400 and answer.get("reason") == "unknown_token", "a token Google does not know (404): %r" % (answer,))
+    fake.set_subscription(PACKAGE, "tok-gone", subscription("SUBSCRIPTION_STATE_EXPIRED", NOW - 90 * DAY, "GPA.8100-0000-0000-00001", account="mia"))
+    fake.fail["tok-gone"] = 410
+    status, answer = push(sub_note("tok-gone", 13))
+    check(status == 400 and answer.get("reason") == "unknown_token", "a token no longer valid (410): %r" % (answer,))
+    del fake.fail["tok-gone"]
+
+    # A failing acknowledgement: the writes stay, the answer asks for the redelivery, which acknowledges.
+    fake.set_subscription(PACKAGE, "tok-nick", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9000-0000-0000-00001", account="nick"))
+    fake.fail["tok-nick:acknowledge"] = 400
+    status, answer = push(sub_note("tok-nick", 4))
+    check(status == 503 and answer.get("reason") == "acknowledge_failed" and premium("nick")["isActive"], "a failed acknowledgement answers 503, the writes durable: %r" % (answer,))
+    check(metric("entitlements_googleplay_acknowledgements_total", outcome="failed") >= 1, "and is counted")
+    del fake.fail["tok-nick:acknowledge"]
+    status, answer = push(sub_note("tok-nick", 4))
+    check(status == 200 and answer.get("changed") is False and any("tok-nick:acknowledge" in p for p in fake.acknowledged), "the redelivery acknowledges it")
+
+    # Google down: 503, then a back-off during which Google is not called.
+    fake.set_subscription(PACKAGE, "tok-olga", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9100-0000-0000-00001", account="olga"))
+    fake.fail["/androidpublisher/"] = 503
+    status, answer = push(sub_note("tok-olga", 4))
+    calls = fake.calls("tok-olga")
+    status2, answer2 = push(sub_note("tok-olga", 4))
+    check(status == 503 and answer.get("reason") == "store_unavailable", "the API down: 503 store_unavailable: %r" % (answer,))
+    check(status2 == 503 and fake.calls("tok-olga") == calls, "during the back-off Google is not called: %r" % (answer2,))
+    fake.fail.clear()
+    time.sleep(1.2)
+    status, answer = push(sub_note("tok-olga", 4))
+    check(status == 200 and premium("olga")["isActive"], "after the back-off the redelivery applies: %r" % (answer,))
+    fake.fail["/androidpublisher/"] = 429
+    status, answer = push(sub_note("tok-olga", 2))
+    check(status == 503 and answer.get("reason") == "store_unavailable", "a quota error (429) backs off too")
+    fake.fail.clear()
+    time.sleep(1.2)
+
+    # Concurrent notifications for one token share the API's answer.
+    fake.set_subscription(PACKAGE, "tok-burst", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9200-0000-0000-00001", account="pete"))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(push(sub_note("tok-burst", 4))[0])) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    check(results == [200] * 12 and fake.calls("subscriptionsv2/tokens/tok-burst") <= 2, "12 concurrent notifications: %d API calls" % fake.calls("subscriptionsv2/tokens/tok-burst"))
+
+    # Every order of a chain's notifications ends in the same record. Google's answer is the
+    # state at delivery time: delivered late, each reads the final state.
+    final = subscription("SUBSCRIPTION_STATE_CANCELED", NOW + 40 * DAY, "GPA.9300-0000-0000-00001..1", auto_renew=False, canceled="userInitiatedCancellation",
+                         ack="ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED")
+    types = [4, 2, 7, 3]  # purchased, renewed, restarted, canceled
+    answers = set()
+    for number, order in enumerate(itertools.permutations(types)):
+        token = "tok-perm-%02d" % number
+        resource = json.loads(json.dumps(final))
+        resource["externalAccountIdentifiers"] = {"obfuscatedExternalAccountId": "perm-%02d" % number}
+        fake.set_subscription(PACKAGE, token, resource)
+        for type_ in order:
+            status, _ = push(sub_note(token, type_))
+            assert status == 200
+        answers.add(json.dumps(check_user("perm-%02d" % number)["entitlements"], sort_keys=True).replace(token, "TOKEN"))
+    check(len(answers) == 1, "24 orders of four notifications end in one record (%d distinct)" % len(answers))
+
+    # Pull: the same notification through Pub/Sub; acknowledged to Pub/Sub once applied.
+    fake.set_subscription(PACKAGE, "tok-pull", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9400-0000-0000-00001", account="quinn"))
+    fake.publish(json.dumps(sub_note("tok-pull", 4)).encode())
+    fake.set_subscription(PACKAGE, "tok-pull-anon", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9500-0000-0000-00001"))
+    waiting = fake.publish(json.dumps(sub_note("tok-pull-anon", 4)).encode())
+    for _ in range(100):
+        if "premium" in check_user("quinn")["entitlements"]:
+            break
+        time.sleep(0.1)
+    time.sleep(1)
+    check(premium("quinn")["isActive"], "a pulled notification is applied")
+    with fake.lock:
+        left = list(fake.pubsub)
+    check(left == [waiting], "the applied message is acknowledged to Pub/Sub, the retried one is not: %r" % left)
+    link("rosa", "googleplay:tok-pull-anon")
+    for _ in range(100):
+        with fake.lock:
+            if not fake.pubsub:
+                break
+        time.sleep(0.1)
+    check(premium("rosa") and premium("rosa")["isActive"] and not fake.pubsub, "the retried message is pulled again after its deadline and applied")
+
+    # JWKS rotation: a token under a new kid refetches Google's keys once.
+    fetches = fake.jwks_fetches
+    fake.jwks_keys = [(push_key.public_key(), "push-1"), (rotated_key.public_key(), "push-2")]
+    status, answer = push(rtdn("testNotification", {}), token=push_token(key=rotated_key, kid="push-2"))
+    check(status == 200 and fake.jwks_fetches == fetches + 1, "an unknown kid refetches the JWKS: %d -> %d" % (fetches, fake.jwks_fetches))
+    status, answer = push(rtdn("testNotification", {}), token=push_token(key=stranger_key, kid="push-3"))
+    check(status == 401 and fake.jwks_fetches == fetches + 1, "another unknown kid within 5 s does not refetch")
+
+    # Metrics by store, outcome and reason.
+    check(metric("entitlements_webhook_events_total", store="googleplay", outcome="applied") >= 10, "applied events are counted")
+    check(metric("entitlements_webhook_events_total", store="googleplay", outcome="rejected", reason="unauthenticated") >= 5, "401s are counted by reason")
+    check(metric("entitlements_webhook_events_total", store="googleplay", outcome="retry", reason="unknown_identity") >= 1, "retries are counted by reason")
+
+    # kill -9 right after a notification was answered: nothing acknowledged is lost.
+    fake.set_subscription(PACKAGE, "tok-sam", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9600-0000-0000-00001", account="sam"))
+    status, answer = push(sub_note("tok-sam", 4))
+    server.stop(signal.SIGKILL)
+    server = Server(pull=False)
+    check(status == 200 and premium("sam")["isActive"] and premium("alice")["isActive"] and premium("judy")["isRevoked"],
+          "after kill -9 every answered notification is still applied")
+    status, answer = push(sub_note("tok-sam", 4))
+    check(status == 200 and answer.get("changed") is False, "and its redelivery changes nothing")
+    server.stop()
+
+    # MARK: Fleet mode: two servers on one PostgreSQL; answered only after the commit.
+    postgres = Postgres()
+    try:
+        subprocess.run([ENT, "db", "migrate", "--postgres", postgres.url], check=True, capture_output=True)
+        subprocess.run([ENT, "db", "import", "--postgres", postgres.url, "--snapshot", os.path.join(WORK, "seed.snap")], check=True, capture_output=True)
+        fleet = ["--postgres", postgres.url, "--fleet-poll-interval", "50ms"]
+        a = server = Server(data="fleet-a", pull=False, extra=fleet)
+        b = Server(data="fleet-b", pull=False, extra=fleet)
+        fake.set_subscription(PACKAGE, "tok-fleet", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9700-0000-0000-00001", account="tess"))
+        acknowledged = len(fake.acknowledged)
+        status, answer = push(sub_note("tok-fleet", 4), to=a)
+        check(status == 200 and answer.get("changed") is True and len(fake.acknowledged) == acknowledged + 1, "fleet: a purchase through A is applied and acknowledged: %r" % (answer,))
+        seen = None
+        for _ in range(100):
+            seen = check_user("tess", on=b).get("entitlements", {}).get("premium")
+            if seen:
+                break
+            time.sleep(0.05)
+        check(seen is not None and seen["isActive"], "fleet: B answers it from PostgreSQL")
+        status, answer = push(sub_note("tok-fleet", 4), to=b)
+        check(status == 200 and answer.get("changed") is False, "fleet: its redelivery to B changes nothing: %r" % (answer,))
+        a.stop(signal.SIGKILL)
+        server = b
+        fake.set_subscription(PACKAGE, "tok-fleet-2", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9800-0000-0000-00001", account="uma"))
+        postgres.stop()
+        acknowledged = len(fake.acknowledged)
+        status, answer = push(sub_note("tok-fleet-2", 4), to=b)
+        check(status == 503 and answer.get("reason") == "write_failed" and len(fake.acknowledged) == acknowledged,
+              "fleet: PostgreSQL down, the notification is refused 503 and the purchase not acknowledged: %r" % (answer,))
+        postgres.start()
+        for _ in range(100):
+            status, answer = push(sub_note("tok-fleet-2", 4), to=b)
+            if status == 200:
+                break
+            time.sleep(0.2)
+        check(status == 200 and premium("uma", on=b)["isActive"] and len(fake.acknowledged) == acknowledged + 1,
+              "fleet: PostgreSQL back, the redelivery applies and acknowledges: %r" % (answer,))
+        b.stop()
+    finally:
+        postgres.remove()
+finally:
+    try:
+        server.stop()
+    except Exception:  # noqa: BLE001
+        pass
+    fake.stop()
+    if FAILURES:
+        for name in sorted(os.listdir(WORK)):
+            if name.startswith("serve-"):
+                print("---- " + name)
+                print(open(os.path.join(WORK, name)).read()[-4000:])
+    shutil.rmtree(WORK, ignore_errors=True)
+
+print("googleplay: %d failed" % len(FAILURES) if FAILURES else "googleplay: all passed")
+sys.exit(1 if FAILURES else 0)

@@ -279,6 +279,12 @@ try:
     check(status == 200 and answer.get("changed") is False and len(fake.acknowledged) == 1, "a redelivery changes nothing and acknowledges nothing again")
     check(fake.token_exchanges == 1 and not fake.token_failures, "one token exchange, its assertion verified: %d %r" % (fake.token_exchanges, fake.token_failures))
 
+    # Every notification type, and one not known yet, reads the purchase back and applies it.
+    calls = fake.calls("subscriptionsv2/tokens/tok-alice")
+    answers = [push(sub_note("tok-alice", type_)) for type_ in [*range(1, 14), *range(17, 23), 99]]
+    check(all(status == 200 and answer.get("changed") is False for status, answer in answers) and fake.calls("subscriptionsv2/tokens/tok-alice") == calls + 20,
+          "notification types 1 to 13, 17 to 22 and 99 each read the purchase back: %r" % sorted({status for status, _ in answers}))
+
     # The lifecycle of one subscription, each notification refetched.
     renewed = NOW + 50 * DAY
     fake.set_subscription(PACKAGE, "tok-alice", subscription("SUBSCRIPTION_STATE_ACTIVE", renewed, "GPA.1111-2222-3333-44444..0", account="alice",

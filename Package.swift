@@ -231,6 +231,7 @@ let package = Package(
                 "EntitlementsSecurity",
                 "EntitlementsServer",
                 "EntitlementsStore",
+                "EntitlementsWire",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -411,6 +412,8 @@ let package = Package(
             name: "EntitlementsIngestionTests",
             dependencies: [
                 "EntitlementsIngestion",
+                "EntitlementsClient",
+                "EntitlementsWire",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),

@@ -158,6 +158,13 @@ public final class EntitlementsClient: Sendable {
         try await self.call(.batchCheckEntitlements, request, timeout: timeout)
     }
 
+    /// SubmitPurchase: a purchase the app holds (a StoreKit 2 signed transaction, or a Google
+    /// Play purchase token), verified with its store and recorded for the user; answered
+    /// with the user's entitlements once it is applied.
+    public func submitPurchase(_ request: SubmitPurchaseRequest, timeout: Duration? = nil) async throws -> SubmitPurchaseResponse {
+        try await self.call(.submitPurchase, request, timeout: timeout)
+    }
+
     /// Health: whether the server is serving, its snapshot and uptime.
     public func health(timeout: Duration? = nil) async throws -> HealthResponse {
         try await self.call(.health, HealthRequest(), timeout: timeout)

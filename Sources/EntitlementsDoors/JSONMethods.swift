@@ -55,6 +55,10 @@ struct JSONCodec: CallCodec {
         ByteBuffer(string: EntitlementsOutput.json(answer))
     }
 
+    func encode(_ answer: SubmitPurchaseResponse) -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(answer))
+    }
+
     func byteCount(of encoded: ByteBuffer) -> Int {
         encoded.readableBytes
     }

@@ -119,6 +119,21 @@ public enum EntitlementsOutput {
         ]).serialized(pretty: false)
     }
 
+    /// SubmitPurchase's answer as one JSON line: the purchase's write (`changed`,
+    /// `logSequence`, `linkedAlias`), the user and customer, and under `entitlements` the
+    /// answer of a check, as `check --json` prints it.
+    public static func json(_ response: SubmitPurchaseResponse) -> String {
+        let check = response.entitlements ?? CheckEntitlementsResponse()
+        return JSONValue.object([
+            ("userId", .string(check.userId)),
+            ("customerId", .string(check.customerId)),
+            ("changed", .bool(response.changed)),
+            ("logSequence", response.logSequence > 0 ? .int(Int64(response.logSequence)) : .null),
+            ("linkedAlias", .string(response.linkedAlias)),
+            ("entitlements", Self.checkValue(check)),
+        ]).serialized(pretty: false)
+    }
+
     /// A watch event as one JSON line: customer, cause, what changed, and the new answer.
     public static func json(_ event: EntitlementsChangedEvent) -> String {
         func state(_ state: EntitlementState?) -> JSONValue {

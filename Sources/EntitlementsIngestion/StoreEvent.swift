@@ -43,6 +43,9 @@ public enum RejectionReason: String, Sendable, Hashable, CaseIterable {
     /// Google Play: the Play Developer API does not know the purchase token (404), or no
     /// longer does (410, 60 days after it expired).
     case unknownToken = "unknown_token"
+    /// SubmitPurchase: the purchase belongs to another customer (its account token or
+    /// account id names another, or its alias is linked to another).
+    case otherCustomer = "other_customer"
 }
 
 /// Why a verified event was not applied this time: answered 5xx so the store delivers it
@@ -110,8 +113,12 @@ enum StoreWrite: Sendable, Hashable {
     /// chain's latest recorded period, else now.
     case stateWithBillingIssue(SubscriptionState)
     /// Revokes the stored transaction `transactionId` at `date` (a refund); a transaction
-    /// not recorded yet is a retry: the refund came before the payment.
+    /// not recorded yet is a retry: the refund came before the payment. Google Play: the
+    /// order's add-on lines (`ORDER:PRODUCT`) too.
     case revokeTransaction(store: Source, transactionId: String, date: Int64)
+    /// Ends the chain `chain` and every chain of the customer whose id is `chain:...` (its
+    /// add-ons) at `at`: replaced (Google Play's linked purchase token).
+    case endChains(store: Source, chain: String, at: Int64)
 }
 
 /// What an event asks for, from its verified bytes alone.
@@ -159,6 +166,8 @@ extension StoreEventPlan {
                 ids.append(("the original transaction id", state.originalTransactionId))
             case .revokeTransaction(_, let transactionId, _):
                 ids.append(("the refunded transaction id", transactionId))
+            case .endChains(_, let chain, _):
+                ids.append(("the replaced purchase's chain", chain))
             }
         }
         for (what, id) in ids {

@@ -133,18 +133,37 @@ struct StoreEventApplier: Sendable {
             }
             // An end stored for the chain (ended_date) is applied by the write rules.
             return [.recordTransaction(RecordTransactionRequest(userId: user, transaction: transaction, keepRevocation: keepRevocation))]
+        case .endChains(let store, let chain, let date):
+            let chains = Set(try self.record(user, context)?.transactions.compactMap { transaction -> String? in
+                guard transaction.store == store, let id = transaction.originalTransactionId, id == chain || id.hasPrefix(chain + ":") else { return nil }
+                return id
+            } ?? [])
+            return (chains.isEmpty ? [chain] : chains.sorted()).map { id in
+                var ended = SubscriptionState(store: store, originalTransactionId: id)
+                ended.autoRenewEnabled = false
+                ended.endedDate = date
+                ended.cancellationReason = .replaced
+                return .updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: ended))
+            }
+        case .revokeTransaction(let store, let transactionId, let date) where store == .playstore:
+            // A Play order and its add-on lines.
+            let lines = try self.record(user, context)?.transactions.filter {
+                $0.store == store && ($0.transactionId == transactionId || $0.transactionId?.hasPrefix(transactionId + ":") == true)
+            } ?? []
+            guard !lines.isEmpty else {
+                return try Self.refundOfUnrecorded(transactionId, user: user, date: date, now: now, skipped: &skipped)
+            }
+            return lines.compactMap { line in
+                if let revoked = line.revocationDate, revoked <= date {
+                    return nil
+                }
+                var revoked = line
+                revoked.revocationDate = date
+                return .recordTransaction(RecordTransactionRequest(userId: user, transaction: revoked))
+            }
         case .revokeTransaction(let store, let transactionId, let date):
             guard var transaction = try self.record(user, context)?.transactions.first(where: { $0.store == store && $0.transactionId == transactionId }) else {
-                guard now - date < Self.refundWait else {
-                    // Not recorded a day after the refund: a payment this service never saw
-                    // (a one-off invoice, or one paid before ingestion started).
-                    skipped = "refund_of_unknown_payment"
-                    return []
-                }
-                throw IngestionRetry(
-                    .notRecordedYet,
-                    "the refund names transaction \(transactionId), which is not recorded for \(user) yet: refused so that the store delivers it again after the payment"
-                )
+                return try Self.refundOfUnrecorded(transactionId, user: user, date: date, now: now, skipped: &skipped)
             }
             if let revoked = transaction.revocationDate, revoked <= date {
                 return []  // revoked already, at this instant or before
@@ -154,9 +173,24 @@ struct StoreEventApplier: Sendable {
         }
     }
 
+    /// A refund of a transaction not recorded: a retry while the payment may still come,
+    /// then nothing.
+    private static func refundOfUnrecorded(_ transactionId: String, user: String, date: Int64, now: Int64, skipped: inout String?) throws(IngestionRetry) -> [LogRecord.Mutation] {
+        guard now - date < Self.refundWait else {
+            // Not recorded a day after the refund: a payment this service never saw
+            // (a one-off invoice, or one paid before ingestion started).
+            skipped = "refund_of_unknown_payment"
+            return []
+        }
+        throw IngestionRetry(
+            .notRecordedYet,
+            "the refund names transaction \(transactionId), which is not recorded for \(user) yet: refused so that the store delivers it again after the payment"
+        )
+    }
+
     /// A webhook's calls: no deadline (the store waits for the answer), every permission (the
     /// signature was the credential).
-    private static func context(on eventLoop: any EventLoop) -> CallContext {
+    static func context(on eventLoop: any EventLoop) -> CallContext {
         CallContext(eventLoop: eventLoop, deadline: nil, scope: ConnectionScope(peer: "webhook"), access: .unrestricted)
     }
 

@@ -45,7 +45,7 @@ public struct WebhookAnswer: Sendable, Hashable {
 /// `unchanged`, `ignored`, `rejected` (4xx), `retry` (5xx)). Bodies are never logged.
 public final class WebhookIngestion: Sendable {
     private let stripe: (verifier: StripeSignatureVerifier, events: StripeEvents)?
-    private let appStore: (verifier: AppStoreJWSVerifier, notifications: AppStoreNotifications)?
+    let appStore: (verifier: AppStoreJWSVerifier, notifications: AppStoreNotifications)?
     let googlePlay: GooglePlay?
     private let clock: @Sendable () -> Int64
     private let factory: any MetricsFactory
@@ -72,6 +72,9 @@ public final class WebhookIngestion: Sendable {
 
     public static let stripePath = "/webhooks/stripe"
     public static let appStorePath = "/webhooks/appstore"
+
+    /// The current time in Unix milliseconds (by `clock`).
+    var now: Int64 { self.clock() * 1000 }
 
     /// The paths served with these stores set up.
     public static func routes(stripe: Bool, appStore: Bool, googlePlayPush: Bool = false) -> [String] {
@@ -134,12 +137,8 @@ public final class WebhookIngestion: Sendable {
         let planned: StoreEventPlan
         do {
             planned = try await plan(&eventId)
-        } catch let rejection as IngestionRejection {
-            return self.rejected(store, rejection, event: eventId)
-        } catch let retry as IngestionRetry {
-            return self.retry(store, retry, event: eventId)
         } catch {
-            return self.retry(store, IngestionRetry(.writeFailed, "\(error)"), event: eventId)
+            return self.answer(Self.outcome(of: error, otherwise: .writeFailed), store: store, event: eventId)
         }
         return await self.apply(planned, store: store, event: eventId, methods: methods, on: eventLoop)
     }
@@ -156,8 +155,10 @@ public final class WebhookIngestion: Sendable {
         case retry(IngestionRetry)
     }
 
-    /// Applies a plan: its writes are durable when this returns `.applied`.
-    func run(_ plan: StoreEventPlan, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> Outcome {
+    /// Applies a plan: its writes are durable when this returns `.applied`. `verify`, when
+    /// given, runs first, in the same turn as the writes (no other event between): a
+    /// refusal it throws writes nothing.
+    func run(_ plan: StoreEventPlan, methods: EntitlementMethods, on eventLoop: any EventLoop, verify: (() throws -> Void)? = nil) async -> Outcome {
         switch plan {
         case .ignore(let reason):
             return .ignored(reason)
@@ -170,6 +171,11 @@ public final class WebhookIngestion: Sendable {
             await self.serial.acquire()
             defer { self.serial.release() }
             do {
+                try verify?()
+            } catch {
+                return Self.outcome(of: error, otherwise: .writeFailed)
+            }
+            do {
                 let now = self.clock() * 1000
                 let applied = try await StoreEventApplier(methods: methods).apply(identity, writes, now: now, on: eventLoop)
                 if let skipped = applied.skipped, !applied.changed {
@@ -179,6 +185,15 @@ public final class WebhookIngestion: Sendable {
             } catch {
                 return .retry(error)
             }
+        }
+    }
+
+    /// A thrown refusal or retry as an outcome; any other error is a retry for `otherwise`.
+    static func outcome(of error: any Error, otherwise: RetryReason = .storeUnavailable) -> Outcome {
+        switch error {
+        case let rejection as IngestionRejection: .rejected(rejection)
+        case let retry as IngestionRetry: .retry(retry)
+        default: .retry(IngestionRetry(otherwise, "\(error)"))
         }
     }
 
@@ -231,7 +246,7 @@ public final class WebhookIngestion: Sendable {
         self.increment("entitlements_googleplay_acknowledgements_total", [("outcome", outcome)])
     }
 
-    private func increment(_ label: String, _ dimensions: [(String, String)]) {
+    func increment(_ label: String, _ dimensions: [(String, String)]) {
         let key = label + dimensions.map { "/\($0.1)" }.joined()
         let counter = self.counters.withLock { counters in
             if let counter = counters[key] {

@@ -11,7 +11,7 @@ public struct Permissions: OptionSet, Sendable, Hashable, CustomStringConvertibl
     /// Reads: CheckEntitlements, BatchCheckEntitlements, WatchEntitlements, Health (and
     /// grpc.health.v1, and the admin listener's /metrics).
     public static let check = Permissions(rawValue: 1)
-    /// The write methods (RecordTransaction ... DeleteCustomer) and Compact.
+    /// The write methods (RecordTransaction ... DeleteCustomer, SubmitPurchase) and Compact.
     public static let write = Permissions(rawValue: 2)
     public static let none: Permissions = []
     public static let all: Permissions = [.check, .write]
@@ -22,7 +22,7 @@ public struct Permissions: OptionSet, Sendable, Hashable, CustomStringConvertibl
         switch method {
         case .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health:
             .check
-        case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer, .compact:
+        case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer, .submitPurchase, .compact:
             .write
         default:
             nil

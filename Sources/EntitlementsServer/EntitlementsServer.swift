@@ -251,6 +251,7 @@ public final class EntitlementsServer: Sendable {
         logger: Logger = Logger(label: "entitlements.server"),
         doors: [ServerDoor] = [],
         tracing: CallTracing? = nil,
+        purchases: (any PurchaseVerifier)? = nil,
         report: @escaping @Sendable (String) -> Void = { _ in }
     ) async throws -> EntitlementsServer {
         // By default the resolvers run on the connections' event loops, so a check whose
@@ -276,7 +277,7 @@ public final class EntitlementsServer: Sendable {
             report: report
         )
         store.onCommit { write, done in services.afterCommit(write, done: done) }
-        let methods = EntitlementMethods(services: services, configuration: configuration, tracing: tracing)
+        let methods = EntitlementMethods(services: services, configuration: configuration, tracing: tracing, purchases: purchases)
         // A quiescing helper per listener: one helper keeps the connections of the first
         // listener it was given only, so with one for both the Unix socket's connections
         // were never drained.

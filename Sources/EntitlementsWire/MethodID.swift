@@ -32,6 +32,8 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
     public static let linkAlias = MethodID(rawValue: 20)
     /// `DeleteCustomerRequest` -> `WriteResponse`.
     public static let deleteCustomer = MethodID(rawValue: 21)
+    /// `SubmitPurchaseRequest` -> `SubmitPurchaseResponse`.
+    public static let submitPurchase = MethodID(rawValue: 22)
     /// `CompactRequest` -> `CompactResponse`.
     public static let compact = MethodID(rawValue: 32)
 
@@ -39,7 +41,7 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
     public static let all: [MethodID] = [
         .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health, .authenticate,
         .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant,
-        .linkAlias, .deleteCustomer, .compact,
+        .linkAlias, .deleteCustomer, .submitPurchase, .compact,
     ]
 
     /// The RPC's name, e.g. `CheckEntitlements`, or `method N` for an unknown number.
@@ -56,6 +58,7 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
         case .revokeGrant: "RevokeGrant"
         case .linkAlias: "LinkAlias"
         case .deleteCustomer: "DeleteCustomer"
+        case .submitPurchase: "SubmitPurchase"
         case .compact: "Compact"
         default: "method \(self.rawValue)"
         }

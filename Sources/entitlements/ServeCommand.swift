@@ -324,7 +324,8 @@ struct ServeCommand: AsyncParsableCommand {
                 logger: logger,
                 doors: (try settings.address("grpc-listen").map { [Doors.grpcAndJSON(host: $0.0, port: $0.1, security: security.grpc)] } ?? [])
                     + (webhooks.door.map { [$0] } ?? []),
-                tracing: tracing.map { CallTracing(tracer: $0.tracer) }
+                tracing: tracing.map { CallTracing(tracer: $0.tracer) },
+                purchases: webhooks.ingestion
             ) { message in
                 logger.notice("\(message)")
             }

@@ -596,20 +596,24 @@ extension ServeSettings {
         guard self.dataDirectory != nil else {
             throw ValidationError("Google Play needs --data-dir (and, in fleet mode, --postgres): the notifications are writes")
         }
+        let apiURL = try self.url("googleplay-api-url")
         let account: GoogleServiceAccount
         do {
             account = try GoogleServiceAccount.load(path: keyFile)
         } catch {
             throw ValidationError("\(error)")
         }
-        return GooglePlaySettings(packages: packages, serviceAccount: account, apiURL: try self.url("googleplay-api-url"), push: push, pull: pull)
+        return GooglePlaySettings(packages: packages, serviceAccount: account, apiURL: apiURL, push: push, pull: pull)
     }
 
-    /// An http(s) URL setting.
+    /// A URL of Google's: https://, or http:// on a loopback address only (a test's fake, a
+    /// local proxy): access tokens and Google's keys travel on it.
     private func url(_ name: String) throws -> String {
         let text = self.text(name) ?? Self.keys.first { $0.name == name }?.defaultValue ?? ""
-        guard let url = URL(string: text), ["http", "https"].contains(url.scheme ?? ""), url.host != nil else {
-            throw ValidationError("\(self.origin(name)) must be an http:// or https:// URL, got \"\(text)\"")
+        guard let url = URL(string: text), let host = url.host, !host.isEmpty,
+            url.scheme == "https" || (url.scheme == "http" && ["127.0.0.1", "localhost", "::1", "[::1]"].contains(host))
+        else {
+            throw ValidationError("\(self.origin(name)) must be an https:// URL (http:// only on 127.0.0.1 or localhost), got \"\(text)\"")
         }
         return text
     }
@@ -646,14 +650,18 @@ extension ServeSettings {
             if stripe != nil {
                 throw ValidationError("--stripe-webhook-secret-file needs --webhooks-listen HOST:PORT to receive Stripe's events on")
             }
-            if appStore != nil {
-                throw ValidationError("--appstore-root-cert needs --webhooks-listen HOST:PORT to receive App Store notifications on")
-            }
             if play?.push != nil {
                 throw ValidationError("--googleplay-push-audience needs --webhooks-listen HOST:PORT to receive Pub/Sub's pushes on (or pull instead: --googleplay-pubsub-subscription)")
             }
-            let ingestion = play.map { _ in WebhookIngestion(stripe: nil, googlePlay: googlePlay, factory: factory ?? MetricsSystem.factory) }
-            return (nil, ingestion)
+            // No listener: the App Store's and Google Play's settings still verify the
+            // purchases of SubmitPurchase, and Google Play may pull.
+            guard appStore != nil || play != nil else {
+                return (nil, nil)
+            }
+            guard self.dataDirectory != nil else {
+                throw ValidationError("--appstore-root-cert needs --data-dir (and, in fleet mode, --postgres): the purchases it verifies are writes")
+            }
+            return (nil, WebhookIngestion(stripe: nil, appStore: appStore, googlePlay: googlePlay, factory: factory ?? MetricsSystem.factory))
         }
         guard stripe != nil || appStore != nil || play?.push != nil else {
             throw ValidationError(

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import EntitlementsClient
 import EntitlementsFormats
 import EntitlementsMessages
@@ -230,6 +231,87 @@ struct DeleteCustomerCommand: WriteCommand {
 
     func request() throws -> DeleteCustomerRequest {
         DeleteCustomerRequest(userId: self.user)
+    }
+}
+
+/// `entitlements submit-purchase`: a purchase the app holds, verified by the server with its
+/// store and recorded; prints the user's entitlements after it (docs/ingestion.md).
+struct SubmitPurchaseCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "submit-purchase",
+        abstract: "Verify a purchase the app holds with its store, record it, and print the user's entitlements after it."
+    )
+    @OptionGroup var connection: ServerOptions
+    @Option(help: "The customer id or alias (a new id creates the customer).") var user: String
+    @Option(help: "A StoreKit 2 transaction's jwsRepresentation, in a file, or - for standard input.") var appstoreJws: String?
+    @Option(help: "A Google Play purchase token.") var googleplayToken: String?
+    @Option(help: "The Google Play product id (with --googleplay-token).") var product: String?
+    @Option(help: "The Android package name (with --googleplay-token).") var package: String?
+    @Option(help: "The entitlements' environment in the answer: production or sandbox; default: the purchase's own.") var environment: String?
+    @Flag(help: "Print JSON.") var json = false
+
+    func validate() throws {
+        _ = try self.request()
+    }
+
+    func request() throws -> SubmitPurchaseRequest {
+        var request = SubmitPurchaseRequest(userId: self.user)
+        if let environment = self.environment {
+            guard let value = Environment(jsonName: environment), value != .unspecified else {
+                throw ValidationError("--environment must be production or sandbox, got \"\(environment)\"")
+            }
+            request.environment = value
+        }
+        switch (self.appstoreJws, self.googleplayToken) {
+        case (let path?, nil):
+            guard self.product == nil, self.package == nil else {
+                throw ValidationError("--product and --package go with --googleplay-token, not --appstore-jws")
+            }
+            request.purchase = .appStore(AppStorePurchase(signedTransaction: try Self.read(path)))
+        case (nil, let token?):
+            guard let product = self.product, let package = self.package else {
+                throw ValidationError("--googleplay-token needs --product (the product id) and --package (the app's package name)")
+            }
+            request.purchase = .googlePlay(GooglePlayPurchase(packageName: package, productId: product, purchaseToken: token))
+        case (nil, nil):
+            throw ValidationError("give the purchase: --appstore-jws FILE (or - for standard input), or --googleplay-token TOKEN with --product and --package")
+        default:
+            throw ValidationError("--appstore-jws and --googleplay-token are two kinds of purchase: give one")
+        }
+        return request
+    }
+
+    /// The JWS in `path` (`-`: standard input), without surrounding whitespace.
+    private static func read(_ path: String) throws -> String {
+        let text: String?
+        if path == "-" {
+            text = String(data: FileHandle.standardInput.readDataToEndOfFile(), encoding: .utf8)
+        } else {
+            text = FileManager.default.contents(atPath: path).flatMap { String(data: $0, encoding: .utf8) }
+        }
+        guard let jws = text?.trimmingCharacters(in: .whitespacesAndNewlines), !jws.isEmpty else {
+            throw ValidationError("--appstore-jws \(path): cannot read a JWS from it")
+        }
+        return jws
+    }
+
+    func run() async throws {
+        let client = try self.connection.makeClient()
+        do {
+            let response = try await client.submitPurchase(try self.request(), timeout: self.connection.timeout)
+            await client.close()
+            if self.json {
+                print(EntitlementsOutput.json(response))
+            } else {
+                let what = response.changed ? "recorded, log sequence \(response.logSequence)" : "recorded already"
+                print("purchase \(what)" + (response.linkedAlias.map { "; \($0) linked to the customer" } ?? ""))
+                print(EntitlementsOutput.table(response.entitlements ?? CheckEntitlementsResponse()))
+            }
+        } catch {
+            await client.close()
+            print("error: \(error)")
+            throw ExitCode(1)
+        }
     }
 }
 

@@ -170,10 +170,7 @@ struct PlayNotificationsTests {
         guard case .apply(let identity, let writes) = plan else { Issue.record("\(plan)"); return }
         #expect(identity == .chainAlias("googleplay:new", linked: "googleplay:old"))
         #expect(transaction(plan)?.productId == "premium_sub:yearly")
-        var ended = SubscriptionState(store: .playstore, originalTransactionId: "old")
-        ended.endedDate = Self.start
-        ended.cancellationReason = .replaced
-        #expect(writes.last == .state(ended))
+        #expect(writes.last == .endChains(store: .playstore, chain: "old", at: Self.start))
     }
 
     @Test("a product not in the catalog is a retry naming both ids tried")
@@ -184,7 +181,7 @@ struct PlayNotificationsTests {
         }
     }
 
-    @Test("several line items are several chains of one token")
+    @Test("an add-on line item is a chain of its own, its line of the order a transaction of its own")
     func lineItems() throws {
         let resource = try json(
             #"""
@@ -193,11 +190,11 @@ struct PlayNotificationsTests {
                            {"productId": "lifetime", "expiryTime": "2026-03-10T00:00:00Z", "latestSuccessfulOrderId": "GPA.9"}]}
             """#
         )
-        let chains = self.writes(try play.plan(subscription: resource, token: "t", catalog: catalog).0).compactMap { write -> String? in
-            if case .transaction(let transaction, _) = write { return transaction.originalTransactionId }
+        let transactions = self.writes(try play.plan(subscription: resource, token: "t", catalog: catalog).0).compactMap { write -> String? in
+            if case .transaction(let transaction, _) = write { return "\(transaction.originalTransactionId!) \(transaction.transactionId!)" }
             return nil
         }
-        #expect(chains == ["t:premium_sub", "t:lifetime"])
+        #expect(transactions == ["t GPA.9", "t:lifetime GPA.9:lifetime"])
     }
 
     @Test("one-time products: purchased, pending, canceled; a voided purchase revokes unless partial")

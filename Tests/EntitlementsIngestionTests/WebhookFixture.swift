@@ -45,7 +45,8 @@ final class WebhookFixture: Sendable {
             configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), frameTimeout: frameTimeout),
             group: self.group,
             warmAt: now,
-            doors: [WebhookListener.door(host: "127.0.0.1", port: 0, ingestion: self.ingestion, security: security)]
+            doors: [WebhookListener.door(host: "127.0.0.1", port: 0, ingestion: self.ingestion, security: security)],
+            purchases: self.ingestion
         )
     }
 

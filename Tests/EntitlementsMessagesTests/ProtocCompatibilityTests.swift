@@ -74,6 +74,8 @@ struct ProtocCompatibilityTests {
         let present = fields.filter { topLevelNames.contains($0) }
         if type(of: message) == LogRecord.self {
             #expect(present.count == fields.count - 6, "\(name):\n\(text)")
+        } else if type(of: message) == SubmitPurchaseRequest.self {
+            #expect(present.count == fields.count - 1, "\(name):\n\(text)")  // one member of its oneof
         } else {
             #expect(present == fields, "\(name) is missing \(Set(fields).subtracting(present).sorted()) in:\n\(text)")
         }

@@ -78,6 +78,9 @@ def methods(tag):
         ("RevokeGrant", 19, svc.RevokeGrantRequest(user_id=user, grant_id="never-granted"), "write", "NOT_FOUND"),
         ("LinkAlias", 20, svc.LinkAliasRequest(user_id=user, alias="alias-" + tag), "write", "OK"),
         ("DeleteCustomer", 21, svc.DeleteCustomerRequest(user_id=user), "write", "OK"),
+        # These servers verify no store's purchases: refused after the permission, saying so.
+        ("SubmitPurchase", 22, svc.SubmitPurchaseRequest(user_id=user, google_play=svc.GooglePlayPurchase(
+            package_name="com.example.app", product_id="premium", purchase_token="token-" + tag)), "write", "FAILED_PRECONDITION"),
         ("Compact", 32, svc.CompactRequest(), "write", "OK"),
     ]
 

@@ -8,7 +8,8 @@ published documents, and as strict as they are about what it is sent:
 - Google's JWKS (oauth2/v3/certs) with the keys that sign the Pub/Sub push tokens, served
   with Cache-Control max-age; the test rotates keys.
 - The Play Developer API (androidpublisher v3): purchases.subscriptionsv2.get,
-  purchases.products.get, purchases.subscriptions.acknowledge and
+  purchases.products.get, purchases.voidedpurchases.list (startTime, type, maxResults,
+  token pages of two), purchases.subscriptions.acknowledge and
   purchases.products.acknowledge, every call needing a bearer token it issued; the
   resources are set per token by the test, and can be made to fail (404, 410, 429, 503).
 - Pub/Sub's REST pull and acknowledge (projects.subscriptions.pull / .acknowledge): messages
@@ -66,6 +67,7 @@ class FakeGoogle:
         self.jwks_fetches = 0
         self.subscriptions = {}  # (package, token) -> resource
         self.products = {}  # (package, product, token) -> resource
+        self.voided = []  # (package, VoidedPurchase resource)
         self.api_calls = {}  # path -> count
         self.fail = {}  # path fragment -> HTTP status to answer instead
         self.acknowledged = []  # paths
@@ -163,6 +165,9 @@ class FakeGoogle:
                 if not self._admitted(path):
                     return
                 parts = [urllib.parse.unquote(p) for p in path.split("/")]
+                # /androidpublisher/v3/applications/PKG/purchases/voidedpurchases
+                if len(parts) == 7 and parts[5:7] == ["purchases", "voidedpurchases"]:
+                    return self._voided(parts[4])
                 # /androidpublisher/v3/applications/PKG/purchases/subscriptionsv2/tokens/TOKEN
                 if len(parts) == 9 and parts[1:4] == ["androidpublisher", "v3", "applications"] and parts[5:8] == ["purchases", "subscriptionsv2", "tokens"]:
                     with fake.lock:
@@ -198,6 +203,23 @@ class FakeGoogle:
                         fake.pubsub_acks += len(ack_ids)
                     return self._send(200, {})
                 self._error(404, "no such method: " + path)
+
+            def _voided(self, package):
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                try:
+                    start = int(query["startTime"][0])
+                    if query.get("type") != ["1"] or int(query.get("maxResults", ["1000"])[0]) > 1000:
+                        raise ValueError
+                    page = int(query.get("token", ["0"])[0])
+                except (KeyError, ValueError):
+                    return self._error(400, "Invalid value for startTime, type or maxResults.")
+                with fake.lock:
+                    listed = [v for p, v in fake.voided if p == package and int(v["voidedTimeMillis"]) >= start]
+                chunk = listed[page * 2: page * 2 + 2]  # pages of two, to make the server follow them
+                body = {"voidedPurchases": chunk}
+                if len(listed) > page * 2 + 2:
+                    body["tokenPagination"] = {"nextPageToken": str(page + 1)}
+                self._send(200, body)
 
             def _token(self, body):
                 form = urllib.parse.parse_qs(body.decode())

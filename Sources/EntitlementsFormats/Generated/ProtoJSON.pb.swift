@@ -379,6 +379,58 @@ extension DeleteCustomerRequest: ProtoJSONDecodable {
     }
 }
 
+extension SubmitPurchaseRequest: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.SubmitPurchaseRequest")
+        self.init()
+        self.userId = try object.string("userId", "user_id")
+        self.environment = try object.enumeration("environment", "environment", as: Environment.self) ?? .unspecified
+        var purchaseSet = 0
+        if let value = try object.message("appStore", "app_store", as: AppStorePurchase.self) {
+            self.purchase = .appStore(value)
+            purchaseSet += 1
+        }
+        if let value = try object.message("googlePlay", "google_play", as: GooglePlayPurchase.self) {
+            self.purchase = .googlePlay(value)
+            purchaseSet += 1
+        }
+        try object.oneOf("purchase", purchaseSet)
+        try object.finish()
+    }
+}
+
+extension AppStorePurchase: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.AppStorePurchase")
+        self.init()
+        self.signedTransaction = try object.string("signedTransaction", "signed_transaction")
+        try object.finish()
+    }
+}
+
+extension GooglePlayPurchase: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.GooglePlayPurchase")
+        self.init()
+        self.packageName = try object.string("packageName", "package_name")
+        self.productId = try object.string("productId", "product_id")
+        self.purchaseToken = try object.string("purchaseToken", "purchase_token")
+        try object.finish()
+    }
+}
+
+extension SubmitPurchaseResponse: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.SubmitPurchaseResponse")
+        self.init()
+        self.entitlements = try object.message("entitlements", "entitlements", as: CheckEntitlementsResponse.self)
+        self.logSequence = try object.uint64("logSequence", "log_sequence")
+        self.changed = try object.bool("changed", "changed")
+        self.linkedAlias = try object.string("linkedAlias", "linked_alias")
+        try object.finish()
+    }
+}
+
 extension WriteResponse: ProtoJSONDecodable {
     public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
         var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.WriteResponse")

@@ -62,25 +62,59 @@ public struct AppStoreNotifications: Sendable {
         guard let transaction = signed.transaction else {
             throw IngestionRejection(.missingField, "\(type): data.signedTransactionInfo missing")
         }
+        let record: Transaction
+        switch try self.record(transaction, what: type, environment: notification["data"]["environment"].string, catalogContains: catalogContains) {
+        case .ignore(let reason): return .ignore(reason: reason)
+        case .record(let recorded): record = recorded
+        }
+        let original = record.originalTransactionId!
+        let kind = transaction["type"].string
+        // The transaction's own revocation (a refund) replaces the stored one, as does its
+        // absence in REFUND_REVERSED (Apple sends the transaction as it now is); any other
+        // notification without one keeps a stored refund.
+        var writes: [StoreWrite] = [.transaction(record, keepRevocation: record.revocationDate == nil && type != "REFUND_REVERSED")]
+        if kind == "Auto-Renewable Subscription", let renewal = signed.renewal {
+            writes.append(.state(Self.state(renewal, original: original, type: type, subtype: subtype, eventDate: eventDate, lastExpiration: record.expirationDate)))
+        }
+        let identity: StoreIdentity
+        let alias = Self.alias(ofOriginalTransaction: original)
+        if let token = transaction["appAccountToken"].string, !token.isEmpty {
+            identity = .accountToken(token.lowercased(), chainAlias: alias)
+        } else {
+            identity = .storeCustomer(alias)
+        }
+        return .apply(identity: identity, writes: writes)
+    }
+
+    /// A verified `signedTransactionInfo` (or a StoreKit 2 transaction's JWS) as the
+    /// transaction it records, or why it records none.
+    enum Recorded {
+        case record(Transaction)
+        case ignore(String)
+    }
+
+    /// `what` names the transaction in messages (the notification's type, or the call);
+    /// `environment` is the notification's, for a transaction without its own.
+    func record(_ transaction: EventJSON, what context: String, environment: String?, catalogContains: (String) -> Bool) throws -> Recorded {
         guard let transactionId = transaction["transactionId"].string, let original = transaction["originalTransactionId"].string else {
-            throw IngestionRejection(.missingField, "\(type): transactionId and originalTransactionId are required in signedTransactionInfo")
+            throw IngestionRejection(.missingField, "\(context): transactionId and originalTransactionId are required in signedTransactionInfo")
         }
         if let bundleId = transaction["bundleId"].string, !self.bundleIds.contains(bundleId) {
-            throw IngestionRejection(.otherApp, "\(type): the transaction's bundleId \(bundleId) is not one of --appstore-bundle-id")
+            throw IngestionRejection(.otherApp, "\(context): the transaction's bundleId \(bundleId) is not one of --appstore-bundle-id")
         }
-        let what = "\(type) \(transactionId)"
+        let what = "\(context) \(transactionId)"
         let kind = transaction["type"].string
         switch kind {
         case "Auto-Renewable Subscription", "Non-Consumable":
             break
         case "Consumable":
-            return .ignore(reason: "consumable")  // used up, never an entitlement
+            return .ignore("consumable")  // used up, never an entitlement
         case nil:
             throw IngestionRejection(.missingField, "\(what): type missing in signedTransactionInfo")
         default:
             // Non-Renewing Subscription: Apple sends no expiration for it; the app's backend
             // records it with the period it sells (docs/ingestion.md).
-            return .ignore(reason: "non_renewing_subscription")
+            return .ignore("non_renewing_subscription")
         }
         guard let productId = transaction["productId"].string, let purchased = transaction["purchaseDate"].int64 else {
             throw IngestionRejection(.missingField, "\(what): productId and purchaseDate are required in signedTransactionInfo")
@@ -88,7 +122,7 @@ public struct AppStoreNotifications: Sendable {
         guard catalogContains(productId) else {
             throw IngestionRetry(
                 .unknownProduct,
-                "\(what): product \(productId) is not in the catalog; add it, and Apple's retry will record it"
+                "\(what): product \(productId) is not in the catalog; add it, and Apple's retry (or the call again) will record it"
             )
         }
 
@@ -99,7 +133,7 @@ public struct AppStoreNotifications: Sendable {
             productId: productId,
             transactionDate: purchased,
             revocationDate: transaction["revocationDate"].int64,
-            environment: Self.environment(transaction["environment"].string ?? notification["data"]["environment"].string),
+            environment: Self.environment(transaction["environment"].string ?? environment),
             ownershipType: transaction["inAppOwnershipType"].string == "FAMILY_SHARED" ? .familySharing : .owner
         )
         // `price` is in milliunits of `currency` (9.99 is 9990).
@@ -120,21 +154,7 @@ public struct AppStoreNotifications: Sendable {
             }
         }
 
-        // The transaction's own revocation (a refund) replaces the stored one, as does its
-        // absence in REFUND_REVERSED (Apple sends the transaction as it now is); any other
-        // notification without one keeps a stored refund.
-        var writes: [StoreWrite] = [.transaction(record, keepRevocation: record.revocationDate == nil && type != "REFUND_REVERSED")]
-        if kind == "Auto-Renewable Subscription", let renewal = signed.renewal {
-            writes.append(.state(Self.state(renewal, original: original, type: type, subtype: subtype, eventDate: eventDate, lastExpiration: record.expirationDate)))
-        }
-        let identity: StoreIdentity
-        let alias = Self.alias(ofOriginalTransaction: original)
-        if let token = transaction["appAccountToken"].string, !token.isEmpty {
-            identity = .accountToken(token.lowercased(), chainAlias: alias)
-        } else {
-            identity = .storeCustomer(alias)
-        }
-        return .apply(identity: identity, writes: writes)
+        return .record(record)
     }
 
     /// The renewal state of `signedRenewalInfo`.

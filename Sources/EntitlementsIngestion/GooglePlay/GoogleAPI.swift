@@ -53,9 +53,10 @@ public struct GooglePlaySettingsError: Error, CustomStringConvertible {
 }
 
 /// Google's HTTPS APIs as this server calls them: one client, a timeout per call, and one
-/// back-off for all of Google: after a 429, a 5xx or an unreachable host, no call is made
-/// until the back-off ends (1 s, doubling to 64 s, or the answer's `Retry-After`), and what
-/// needed one is answered as a retry. Nothing is lost: the notification comes again.
+/// back-off per API (the Play Developer API with its token exchange, Pub/Sub, Google's
+/// keys): after a 429, a 5xx or an unreachable host, that API is not called until the
+/// back-off ends (1 s, doubling to 64 s, or the answer's `Retry-After`), and what needed it
+/// is answered as a retry. Nothing is lost: the notification comes again.
 final class GoogleHTTP: Sendable {
     struct Answer: Sendable {
         var status: Int
@@ -74,7 +75,9 @@ final class GoogleHTTP: Sendable {
 
     private let client: HTTPClient
     private let timeout: TimeAmount
-    private let backoff = Mutex<(failures: Int, until: NIODeadline?, why: String)>((0, nil, ""))
+    /// `generation` counts failures: a success resets the back-off only when no call
+    /// failed since it started, so a slow success cannot clear a newer failure's back-off.
+    private let backoff = Mutex<(failures: Int, until: NIODeadline?, why: String, generation: UInt64)>((0, nil, "", 0))
     private let logger = Logger(label: "entitlements.googleplay")
 
     init(client: HTTPClient = .shared, timeout: TimeAmount = .seconds(15)) {
@@ -91,10 +94,11 @@ final class GoogleHTTP: Sendable {
     }
 
     func send(_ method: HTTPMethod, _ url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, what: String) async throws(IngestionRetry) -> Answer {
-        if let (until, why) = self.backoff.withLock({ state -> (NIODeadline, String)? in
-            guard let until = state.until, until > .now() else { return nil }
-            return (until, state.why)
-        }) {
+        let (waiting, generation) = self.backoff.withLock { state -> ((NIODeadline, String)?, UInt64) in
+            guard let until = state.until, until > .now() else { return (nil, state.generation) }
+            return ((until, state.why), state.generation)
+        }
+        if let (until, why) = waiting {
             let seconds = Double((until - .now()).nanoseconds) / 1e9
             throw IngestionRetry(.storeUnavailable, "\(what): not called: backing off from Google for \(String(format: "%.1f", seconds)) s more after \(why)")
         }
@@ -117,7 +121,7 @@ final class GoogleHTTP: Sendable {
                 .flatMap { Int64($0.dropFirst("max-age=".count)) }
             answer = Answer(status: Int(response.status.code), body: Array(bytes.readableBytesView), maxAge: maxAge)
             if answer.status == 429 || answer.status >= 500 {
-                let retryAfter = response.headers.first(name: "retry-after").flatMap { Int64($0) }
+                let retryAfter = response.headers.first(name: "retry-after").flatMap { Int64($0) }.map { min(max($0, 1), 300) }
                 throw self.failed("\(what): HTTP \(answer.status) (\(answer.message))", retryAfter: retryAfter)
             }
         } catch let retry as IngestionRetry {
@@ -125,16 +129,23 @@ final class GoogleHTTP: Sendable {
         } catch {
             throw self.failed("\(what): \(error)", retryAfter: nil)
         }
-        self.backoff.withLock { $0 = (0, nil, "") }
+        self.backoff.withLock { state in
+            if state.generation == generation {
+                state = (0, nil, "", generation)
+            }
+        }
         return answer
     }
 
     private func failed(_ why: String, retryAfter: Int64?) -> IngestionRetry {
         let delay = self.backoff.withLock { state -> TimeAmount in
             state.failures += 1
+            state.generation &+= 1
             let exponential = TimeAmount.seconds(1 << Int64(min(state.failures - 1, 6)))
-            let delay = retryAfter.map { TimeAmount.seconds(min(max($0, 1), 300)) } ?? exponential
-            state.until = .now() + delay
+            let delay = retryAfter.map { TimeAmount.seconds($0) } ?? exponential
+            // Never shorten a back-off under way (a concurrent failure's longer one).
+            let until = NIODeadline.now() + delay
+            state.until = max(state.until ?? until, until)
             state.why = why
             return delay
         }
@@ -171,6 +182,16 @@ final class GoogleAccessTokens: Sendable {
         func verify(using algorithm: some JWTAlgorithm) throws {}
     }
 
+    /// Forgets `token` if it is the one kept: Google refused it (revoked, or the key
+    /// rotated), so the next call exchanges a new one.
+    func invalidate(_ token: String) {
+        self.cached.withLock { cached in
+            if cached?.token == token {
+                cached = nil
+            }
+        }
+    }
+
     /// A valid access token.
     func token() async throws(IngestionRetry) -> String {
         let now = WallClock.unixMilliseconds()
@@ -203,7 +224,8 @@ final class GoogleAccessTokens: Sendable {
                 "the token exchange for \(self.account.clientEmail) at \(self.account.tokenURI) was refused: \(answer.message) (HTTP \(answer.status)); check the key file and that the account is not disabled"
             )
         }
-        self.cached.withLock { $0 = (token, WallClock.unixMilliseconds() + lifetime * 1000) }
+        // A day at most: Google's tokens last an hour, and a larger number cannot overflow.
+        self.cached.withLock { $0 = (token, WallClock.unixMilliseconds() + min(max(lifetime, 0), 86_400) * 1000) }
         return token
     }
 }
@@ -227,13 +249,44 @@ struct PlayDeveloperAPI: Sendable {
         return try await self.get(url, what: "purchases.products.get \(productId) \(PlayNotifications.short(token))")
     }
 
+    /// `purchases.voidedpurchases.list`: the voided purchase of `orderId` among those voided
+    /// since `since` (Unix milliseconds; subscriptions included), or nil when Google lists
+    /// none. Follows up to 10 pages.
+    func voided(package: String, orderId: String, since: Int64) async throws -> EventJSON? {
+        var pageToken: String?
+        for _ in 0..<10 {
+            var url = "\(self.baseURL)/androidpublisher/v3/applications/\(Self.path(package))/purchases/voidedpurchases?type=1&maxResults=1000&startTime=\(since)"
+            if let pageToken {
+                url += "&token=" + Self.path(pageToken)
+            }
+            let page = try await self.get(url, what: "purchases.voidedpurchases.list \(orderId)")
+            if let found = page["voidedPurchases"].array.first(where: { $0["orderId"].string == orderId }) {
+                return found
+            }
+            guard let next = page["tokenPagination"]["nextPageToken"].string, !next.isEmpty else {
+                return nil
+            }
+            pageToken = next
+        }
+        return nil
+    }
+
     /// `purchases.subscriptions.acknowledge` or `purchases.products.acknowledge`.
     func acknowledge(_ acknowledgement: PlayAcknowledgement, package: String) async throws(IngestionRetry) {
         let kind = acknowledgement.kind == .subscription ? "subscriptions" : "products"
         let url = "\(self.baseURL)/androidpublisher/v3/applications/\(Self.path(package))/purchases/\(kind)/\(Self.path(acknowledgement.productId))/tokens/\(Self.path(acknowledgement.token)):acknowledge"
         let what = "purchases.\(kind).acknowledge \(acknowledgement.productId) \(PlayNotifications.short(acknowledgement.token))"
-        let access = try await self.tokens.token()
-        let answer = try await self.http.send(.POST, url, headers: [("authorization", "Bearer \(access)"), ("content-type", "application/json")], body: Array("{}".utf8), what: what)
+        let answer: GoogleHTTP.Answer
+        do {
+            let access = try await self.tokens.token()
+            answer = try await self.http.send(.POST, url, headers: [("authorization", "Bearer \(access)"), ("content-type", "application/json")], body: Array("{}".utf8), what: what)
+            if answer.status == 401 {
+                self.tokens.invalidate(access)
+            }
+        } catch {
+            // Every failure is the acknowledgement's (the reason operators alert on).
+            throw IngestionRetry(.acknowledgeFailed, "\(error.message); the writes are durable, the redelivery acknowledges it")
+        }
         guard (200..<300).contains(answer.status) else {
             throw IngestionRetry(.acknowledgeFailed, "\(what): HTTP \(answer.status) (\(answer.message)); the writes are durable, the redelivery acknowledges it")
         }
@@ -242,6 +295,9 @@ struct PlayDeveloperAPI: Sendable {
     private func get(_ url: String, what: String) async throws -> EventJSON {
         let access = try await self.tokens.token()
         let answer = try await self.http.send(.GET, url, headers: [("authorization", "Bearer \(access)")], what: what)
+        if answer.status == 401 {
+            self.tokens.invalidate(access)
+        }
         switch answer.status {
         case 200:
             guard let json = answer.json else {
@@ -289,6 +345,9 @@ struct PubSubClient: Sendable {
             .POST, "\(self.baseURL)/v1/\(self.subscription):pull", headers: [("authorization", "Bearer \(access)"), ("content-type", "application/json")],
             body: Array(#"{"maxMessages":\#(maximum)}"#.utf8), what: what
         )
+        if answer.status == 401 {
+            self.tokens.invalidate(access)
+        }
         guard answer.status == 200, let json = answer.json else {
             throw IngestionRetry(answer.status == 401 || answer.status == 403 ? .storeDenied : .storeUnavailable, "\(what): HTTP \(answer.status) (\(answer.message))")
         }
@@ -308,6 +367,9 @@ struct PubSubClient: Sendable {
             .POST, "\(self.baseURL)/v1/\(self.subscription):acknowledge", headers: [("authorization", "Bearer \(access)"), ("content-type", "application/json")],
             body: Array(body.utf8), what: what
         )
+        if answer.status == 401 {
+            self.tokens.invalidate(access)
+        }
         guard answer.status == 200 else {
             throw IngestionRetry(.storeUnavailable, "\(what): HTTP \(answer.status) (\(answer.message))")
         }

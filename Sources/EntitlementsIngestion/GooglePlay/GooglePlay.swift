@@ -64,6 +64,7 @@ public final class GooglePlay: Sendable {
     let api: PlayDeveloperAPI
     let push: PubSubPushVerifier?
     let pubsub: PubSubClient?
+    /// The Play Developer API's (and the token exchange's) client and back-off.
     let http: GoogleHTTP
     /// One refresh of a purchase token at a time; notifications that arrive meanwhile share
     /// the next one.
@@ -72,14 +73,16 @@ public final class GooglePlay: Sendable {
     /// `clock` is the current time in Unix milliseconds (for the push tokens' expiry).
     public init(settings: GooglePlaySettings, clock: (@Sendable () -> Int64)? = nil) async {
         let clock = clock ?? { WallClock.unixMilliseconds() }
+        // One back-off per API: a throttled Play Developer API does not stop Pub/Sub pulls
+        // or the fetch of Google's keys, and the reverse. A pull may wait for messages.
         let http = GoogleHTTP()
         let tokens = await GoogleAccessTokens(account: settings.serviceAccount, http: http)
         self.settings = settings
         self.http = http
         self.notifications = PlayNotifications(packages: settings.packages)
         self.api = PlayDeveloperAPI(baseURL: Self.trimmed(settings.apiURL), http: http, tokens: tokens)
-        self.push = settings.push.map { PubSubPushVerifier(jwksURL: $0.jwksURL, audience: $0.audience, serviceAccount: $0.serviceAccount, http: http, clock: clock) }
-        self.pubsub = settings.pull.map { PubSubClient(baseURL: Self.trimmed($0.pubsubURL), subscription: $0.subscription, http: http, tokens: tokens) }
+        self.push = settings.push.map { PubSubPushVerifier(jwksURL: $0.jwksURL, audience: $0.audience, serviceAccount: $0.serviceAccount, http: GoogleHTTP(), clock: clock) }
+        self.pubsub = settings.pull.map { PubSubClient(baseURL: Self.trimmed($0.pubsubURL), subscription: $0.subscription, http: GoogleHTTP(timeout: .seconds(120)), tokens: tokens) }
     }
 
     private static func trimmed(_ url: String) -> String {
@@ -99,12 +102,8 @@ extension WebhookIngestion {
         let store = "googleplay"
         do {
             try await push.verify(authorization: authorization)
-        } catch let rejection as IngestionRejection {
-            return self.answer(.rejected(rejection), store: store, event: "")
-        } catch let retry as IngestionRetry {
-            return self.answer(.retry(retry), store: store, event: "")
         } catch {
-            return self.answer(.retry(IngestionRetry(.storeUnavailable, "\(error)")), store: store, event: "")
+            return self.answer(Self.outcome(of: error), store: store, event: "")
         }
         let envelope: EventJSON
         do {
@@ -134,7 +133,7 @@ extension WebhookIngestion {
         case .test:
             return .ignored("test")
         case .voided(let token, let orderId, _, let refundType):
-            return await self.run(play.notifications.plan(voided: token, orderId: orderId, refundType: refundType, at: notification.eventTime), methods: methods, on: eventLoop)
+            return await self.voided(play: play, package: package, token: token, orderId: orderId, refundType: refundType, at: notification.eventTime, methods: methods, on: eventLoop)
         case .subscription(_, let token):
             return await play.refreshes.run("subscription \(package) \(token)") {
                 await self.refresh(play: play, package: package, methods: methods, on: eventLoop) {
@@ -150,6 +149,44 @@ extension WebhookIngestion {
         }
     }
 
+    /// A voided purchase, confirmed with `purchases.voidedpurchases.list` (the notification
+    /// alone is not Google's answer): revoked at Google's `voidedTimeMillis`. One Google
+    /// does not list is a retry for a day (the list may lag), then refused; one whose
+    /// purchase names nobody we know, a day after its void, is a purchase this service never
+    /// recorded, and is let go.
+    private func voided(
+        play: GooglePlay,
+        package: String,
+        token: String,
+        orderId: String,
+        refundType: Int64?,
+        at eventTime: Int64,
+        methods: EntitlementMethods,
+        on eventLoop: any EventLoop
+    ) async -> Outcome {
+        let wait = StoreEventApplier.refundWait
+        let now = self.now
+        let listed: EventJSON?
+        do {
+            listed = try await play.api.voided(package: package, orderId: orderId, since: eventTime - wait)
+        } catch {
+            return Self.outcome(of: error)
+        }
+        guard let listed else {
+            if now - eventTime < wait {
+                return .retry(IngestionRetry(.notRecordedYet, "voided order \(orderId) is not in purchases.voidedpurchases.list yet: refused so that the notification comes again"))
+            }
+            return .rejected(IngestionRejection(.unknownToken, "Google lists no voided order \(orderId) (purchases.voidedpurchases.list, since a day before the notification)"))
+        }
+        let date = PlayNotifications.int64(listed["voidedTimeMillis"]) ?? eventTime
+        let plan = play.notifications.plan(voided: token, orderId: orderId, refundType: PlayNotifications.int64(listed["refundType"]) ?? refundType, at: date)
+        let outcome = await self.run(plan, methods: methods, on: eventLoop)
+        if case .retry(let retry) = outcome, retry.reason == .unknownIdentity, now - date >= wait {
+            return .ignored("refund_of_unknown_payment")
+        }
+        return outcome
+    }
+
     /// Reads the purchase, applies it, and acknowledges it after its writes are durable.
     private func refresh(
         play: GooglePlay,
@@ -162,12 +199,8 @@ extension WebhookIngestion {
         let acknowledgement: PlayAcknowledgement?
         do {
             (plan, acknowledgement) = try await read()
-        } catch let rejection as IngestionRejection {
-            return .rejected(rejection)
-        } catch let retry as IngestionRetry {
-            return .retry(retry)
         } catch {
-            return .retry(IngestionRetry(.storeUnavailable, "\(error)"))
+            return Self.outcome(of: error)
         }
         let outcome = await self.run(plan, methods: methods, on: eventLoop)
         guard let acknowledgement else {

@@ -74,8 +74,8 @@ struct PlayNotifications: Sendable {
     static func alias(ofToken token: String) -> String { "googleplay:" + Self.chainId(token) }
 
     /// The original transaction id of a token's chain: the token itself when its alias
-    /// fits an id (256 bytes), else `sha256:` and the token's SHA-256 in hex. A line item
-    /// of a subscription with several gets `:PRODUCT` after it.
+    /// fits an id (256 bytes), else `sha256:` and the token's SHA-256 in hex. The line
+    /// items of a subscription after its first (add-ons) get `:PRODUCT` after it.
     static func chainId(_ token: String, lineItem productId: String? = nil) -> String {
         let whole = productId.map { token + ":" + $0 } ?? token
         if ("googleplay:" + whole).utf8.count <= 256, IdRule.problem(whole) == nil {
@@ -156,10 +156,13 @@ struct PlayNotifications: Sendable {
         }
         let environment: Environment = subscription["testPurchase"].isNull ? .production : .sandbox
         var writes: [StoreWrite] = []
-        for item in items {
-            let chain = Self.chainId(token, lineItem: items.count > 1 ? item["productId"].string : nil)
+        for (index, item) in items.enumerated() {
+            // The first item is the subscription's own chain; an add-on is a chain of its
+            // own, its period an order line of its own (one order bills them all).
+            let addOn = index == 0 ? nil : item["productId"].string ?? "\(index)"
+            let chain = Self.chainId(token, lineItem: addOn)
             let (transaction, itemState) = try Self.lineItem(
-                item, chain: chain, state: state, subscription: subscription, startTime: startTime, environment: environment, catalog: catalog, what: what
+                item, chain: chain, addOn: addOn, state: state, subscription: subscription, startTime: startTime, environment: environment, catalog: catalog, what: what
             )
             if itemState.isInBillingRetry {
                 writes.append(.stateWithBillingIssue(itemState))  // first: it reads the period before this one
@@ -170,13 +173,9 @@ struct PlayNotifications: Sendable {
             }
         }
         if let linked = Self.token(subscription["linkedPurchaseToken"]) {
-            // An upgrade, downgrade or re-subscription: the chain it replaces ends where
-            // this one starts.
-            var ended = SubscriptionState(store: .playstore, originalTransactionId: Self.chainId(linked))
-            ended.autoRenewEnabled = false
-            ended.endedDate = startTime
-            ended.cancellationReason = .replaced
-            writes.append(.state(ended))
+            // An upgrade, downgrade or re-subscription: the chains it replaces (the old
+            // token's, and its add-ons') end where this one starts.
+            writes.append(.endChains(store: .playstore, chain: Self.chainId(linked), at: startTime))
         }
         let identity = Self.identity(subscription["externalAccountIdentifiers"]["obfuscatedExternalAccountId"].string, token: token, linked: Self.token(subscription["linkedPurchaseToken"]))
         var acknowledgement: PlayAcknowledgement?
@@ -193,6 +192,7 @@ struct PlayNotifications: Sendable {
     private static func lineItem(
         _ item: EventJSON,
         chain: String,
+        addOn: String?,
         state: String,
         subscription: EventJSON,
         startTime: Int64,
@@ -211,7 +211,7 @@ struct PlayNotifications: Sendable {
         let phase = item["offerPhase"]
         var transaction = Transaction(
             originalTransactionId: chain,
-            transactionId: orderId ?? "\(chain)@\(expiry)",
+            transactionId: (orderId ?? "\(chain)@\(expiry)") + (addOn.map { ":" + $0 } ?? ""),
             store: .playstore,
             productId: productId,
             transactionDate: isRenewal ? Self.periodStart(expiry: expiry, period: catalog.period(productId), notBefore: startTime) : min(startTime, expiry),

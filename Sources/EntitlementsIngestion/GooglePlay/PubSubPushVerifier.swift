@@ -97,6 +97,20 @@ final class PubSubPushVerifier: Sendable {
         if let cached = self.cache.withLock({ $0 }), cached.expires > self.clock(), cached.kids.contains(kid) || self.clock() - cached.fetched < Self.refetchInterval {
             return cached.keys  // fetched while this call waited
         }
+        do {
+            return try await self.fetch()
+        } catch {
+            // Google's keys could not be fetched again: the ones held still verify the
+            // tokens they signed (Google rotates keys over weeks).
+            if let held = self.cache.withLock({ $0 }) {
+                self.cache.withLock { $0?.fetched = self.clock() }  // refetch no sooner than refetchInterval
+                return held.keys
+            }
+            throw error
+        }
+    }
+
+    private func fetch() async throws -> JWTKeyCollection {
         let answer = try await self.http.send(.GET, self.jwksURL, what: "Google's keys at \(self.jwksURL)")
         guard answer.status == 200, let json = answer.json else {
             throw IngestionRetry(.storeUnavailable, "Google's keys at \(self.jwksURL): HTTP \(answer.status) (\(answer.message))")
@@ -109,7 +123,8 @@ final class PubSubPushVerifier: Sendable {
         }
         let kids = Set(json["keys"].array.compactMap { $0["kid"].string })
         let fetched = self.clock()
-        let maxAge = answer.maxAge ?? 300
+        // Kept for max-age (300 s without one), a day at most: Google says hours.
+        let maxAge = min(max(answer.maxAge ?? 300, 0), 86_400)
         self.cache.withLock { $0 = (keys, kids, fetched + maxAge * 1000, fetched) }
         return keys
     }

@@ -1070,6 +1070,312 @@ extension DeleteCustomerRequest: ProtobufCBacked {
     }
 }
 
+/// Method 22. A purchase the app holds, verified with its store and recorded for
+/// user_id; answered with user_id's entitlements once it is applied
+/// (docs/ingestion.md, "A purchase the app just made").
+public struct SubmitPurchaseRequest: Sendable, Hashable {
+    /// The `user_id` field.
+    public var userId: String? = nil
+    /// The environment of the entitlements in the answer; unspecified: the
+    /// purchase's own (a test purchase answers for SANDBOX).
+    public var environment: Environment = .unspecified
+
+    /// One of the `purchase` cases, or nil when none is set.
+    public enum Purchase: Sendable, Hashable {
+        /// The `app_store` field.
+        case appStore(AppStorePurchase)
+        /// The `google_play` field.
+        case googlePlay(GooglePlayPurchase)
+    }
+
+    public var purchase: Purchase? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        userId: String? = nil,
+        environment: Environment = .unspecified,
+        purchase: Purchase? = nil
+    ) {
+        self.userId = userId
+        self.environment = environment
+        self.purchase = purchase
+    }
+}
+
+extension SubmitPurchaseRequest: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.SubmitPurchaseRequest"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension SubmitPurchaseRequest: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__SubmitPurchaseRequest
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__submit_purchase_request__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__submit_purchase_request__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__submit_purchase_request__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.userId = try liftString(c.user_id, field: "user_id")
+        self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
+        switch c.purchase_case.rawValue {
+        case 2:
+            self.purchase = try liftMessage(c.app_store, as: AppStorePurchase.self, field: "app_store").map { .appStore($0) }
+        case 3:
+            self.purchase = try liftMessage(c.google_play, as: GooglePlayPurchase.self, field: "google_play").map { .googlePlay($0) }
+        default:
+            self.purchase = nil
+        }
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__submit_purchase_request__init(c)
+        c.pointee.user_id = try arena.lowerString(self.userId, field: "user_id")
+        if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
+        switch self.purchase {
+        case .appStore(let value):
+            c.pointee.purchase_case = .init(rawValue: 2)
+            c.pointee.app_store = try arena.lowerMessage(value, field: "app_store")
+        case .googlePlay(let value):
+            c.pointee.purchase_case = .init(rawValue: 3)
+            c.pointee.google_play = try arena.lowerMessage(value, field: "google_play")
+        case nil:
+            break
+        }
+        return c
+    }
+}
+
+/// A StoreKit 2 transaction, as the app got it.
+public struct AppStorePurchase: Sendable, Hashable {
+    /// Transaction.jwsRepresentation: the JWS Apple signed.
+    public var signedTransaction: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        signedTransaction: String? = nil
+    ) {
+        self.signedTransaction = signedTransaction
+    }
+}
+
+extension AppStorePurchase: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.AppStorePurchase"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension AppStorePurchase: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__AppStorePurchase
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__app_store_purchase__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__app_store_purchase__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__app_store_purchase__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.signedTransaction = try liftString(c.signed_transaction, field: "signed_transaction")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__app_store_purchase__init(c)
+        c.pointee.signed_transaction = try arena.lowerString(self.signedTransaction, field: "signed_transaction")
+        return c
+    }
+}
+
+/// A Google Play purchase, as the app got it from the Play Billing Library.
+public struct GooglePlayPurchase: Sendable, Hashable {
+    /// The `package_name` field.
+    public var packageName: String? = nil
+    /// The product id (a subscription's or a one-time product's).
+    public var productId: String? = nil
+    /// The `purchase_token` field.
+    public var purchaseToken: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        packageName: String? = nil,
+        productId: String? = nil,
+        purchaseToken: String? = nil
+    ) {
+        self.packageName = packageName
+        self.productId = productId
+        self.purchaseToken = purchaseToken
+    }
+}
+
+extension GooglePlayPurchase: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.GooglePlayPurchase"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension GooglePlayPurchase: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__GooglePlayPurchase
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__google_play_purchase__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__google_play_purchase__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__google_play_purchase__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.packageName = try liftString(c.package_name, field: "package_name")
+        self.productId = try liftString(c.product_id, field: "product_id")
+        self.purchaseToken = try liftString(c.purchase_token, field: "purchase_token")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__google_play_purchase__init(c)
+        c.pointee.package_name = try arena.lowerString(self.packageName, field: "package_name")
+        c.pointee.product_id = try arena.lowerString(self.productId, field: "product_id")
+        c.pointee.purchase_token = try arena.lowerString(self.purchaseToken, field: "purchase_token")
+        return c
+    }
+}
+
+/// The `entitlements.v1.SubmitPurchaseResponse` message.
+public struct SubmitPurchaseResponse: Sendable, Hashable {
+    /// user_id's entitlements after the purchase, as CheckEntitlements answers them.
+    public var entitlements: CheckEntitlementsResponse? = nil
+    /// The log sequence of the purchase's last write; 0 when it changed nothing.
+    public var logSequence: UInt64 = 0
+    /// False when the purchase was recorded already. Always sent.
+    public var changed: Bool = false
+    /// The store's alias of the purchase now linked to the customer
+    /// (appstore:ORIGINAL_TRANSACTION_ID, googleplay:TOKEN).
+    public var linkedAlias: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        entitlements: CheckEntitlementsResponse? = nil,
+        logSequence: UInt64 = 0,
+        changed: Bool = false,
+        linkedAlias: String? = nil
+    ) {
+        self.entitlements = entitlements
+        self.logSequence = logSequence
+        self.changed = changed
+        self.linkedAlias = linkedAlias
+    }
+}
+
+extension SubmitPurchaseResponse: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.SubmitPurchaseResponse"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension SubmitPurchaseResponse: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__SubmitPurchaseResponse
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__submit_purchase_response__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__submit_purchase_response__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__submit_purchase_response__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.entitlements = try liftMessage(c.entitlements, as: CheckEntitlementsResponse.self, field: "entitlements")
+        self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
+        self.changed = c.has_changed != 0 && c.changed != 0
+        self.linkedAlias = try liftString(c.linked_alias, field: "linked_alias")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__submit_purchase_response__init(c)
+        c.pointee.entitlements = try arena.lowerMessage(self.entitlements, field: "entitlements")
+        if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
+        c.pointee.has_changed = 1; c.pointee.changed = self.changed ? 1 : 0
+        c.pointee.linked_alias = try arena.lowerString(self.linkedAlias, field: "linked_alias")
+        return c
+    }
+}
+
 /// The response of every write method (16 to 21).
 public struct WriteResponse: Sendable, Hashable {
     /// The canonical id of the customer written to.

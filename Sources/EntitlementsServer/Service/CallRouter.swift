@@ -19,6 +19,7 @@ public protocol CallCodec: Sendable {
     func encode(_ answer: HealthResponse) throws -> Encoded
     func encode(_ answer: WriteResponse) throws -> Encoded
     func encode(_ answer: CompactResponse) throws -> Encoded
+    func encode(_ answer: SubmitPurchaseResponse) throws -> Encoded
 
     /// The size of an encoded answer's message, for ``AnswerLimit``.
     func byteCount(of encoded: Encoded) -> Int
@@ -42,6 +43,7 @@ extension RevokeGrantRequest: ServiceRequest {}
 extension LinkAliasRequest: ServiceRequest {}
 extension DeleteCustomerRequest: ServiceRequest {}
 extension WatchEntitlementsRequest: ServiceRequest {}
+extension SubmitPurchaseRequest: ServiceRequest {}
 
 /// Protobuf requests and answers: the framed protocol's payloads, or gRPC's
 /// length-prefixed messages.
@@ -96,6 +98,10 @@ public struct ProtobufCodec: CallCodec {
     }
 
     public func encode(_ answer: CompactResponse) throws -> ByteBuffer {
+        try self.encoded { try answer.serialize(into: &$0) }
+    }
+
+    public func encode(_ answer: SubmitPurchaseResponse) throws -> ByteBuffer {
         try self.encoded { try answer.serialize(into: &$0) }
     }
 
@@ -260,7 +266,7 @@ extension EntitlementMethods {
     private static func unaryRefusal(_ method: MethodID) -> ServiceError? {
         switch method {
         case .checkEntitlements, .batchCheckEntitlements, .health, .compact,
-            .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
+            .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer, .submitPurchase:
             nil
         case .watchEntitlements:
             ServiceError(.unimplemented, "WatchEntitlements is a stream: call it as one (the framed protocol or gRPC), not as a unary call")
@@ -298,6 +304,9 @@ extension EntitlementMethods {
             case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
                 let mutation = try Self.mutation(method, body, codec)
                 return Self.encoded(self.apply(mutation, call), codec) { try codec.encode($0) }
+            case .submitPurchase:
+                let request = try codec.decode(SubmitPurchaseRequest.self, from: body)
+                return Self.encoded(self.submitPurchase(request, call), codec) { try codec.encode($0) }
             default:
                 return .failure(.internalError, "\(method) passed the router's check but has no handler")
             }

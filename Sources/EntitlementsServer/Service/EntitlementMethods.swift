@@ -86,11 +86,14 @@ public final class EntitlementMethods: Sendable {
 
     /// Spans for every routed call, or nil (``CallTracing``).
     let tracing: CallTracing?
+    /// SubmitPurchase's stores, or nil (the method then answers FAILED_PRECONDITION).
+    let purchases: (any PurchaseVerifier)?
 
-    init(services: ServerServices, configuration: ServerConfiguration, tracing: CallTracing?) {
+    init(services: ServerServices, configuration: ServerConfiguration, tracing: CallTracing?, purchases: (any PurchaseVerifier)? = nil) {
         self.services = services
         self.configuration = configuration
         self.tracing = tracing
+        self.purchases = purchases
     }
 
     /// Whether calls are traced: a transport reads the caller's trace context only then.

@@ -637,6 +637,186 @@ void   entitlements__v1__delete_customer_request__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__delete_customer_request__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   entitlements__v1__submit_purchase_request__init
+                     (Entitlements__V1__SubmitPurchaseRequest         *message)
+{
+  static const Entitlements__V1__SubmitPurchaseRequest init_value = ENTITLEMENTS__V1__SUBMIT_PURCHASE_REQUEST__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__submit_purchase_request__get_packed_size
+                     (const Entitlements__V1__SubmitPurchaseRequest *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__submit_purchase_request__pack
+                     (const Entitlements__V1__SubmitPurchaseRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__submit_purchase_request__pack_to_buffer
+                     (const Entitlements__V1__SubmitPurchaseRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__SubmitPurchaseRequest *
+       entitlements__v1__submit_purchase_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__SubmitPurchaseRequest *)
+     protobuf_c_message_unpack (&entitlements__v1__submit_purchase_request__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__submit_purchase_request__free_unpacked
+                     (Entitlements__V1__SubmitPurchaseRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__app_store_purchase__init
+                     (Entitlements__V1__AppStorePurchase         *message)
+{
+  static const Entitlements__V1__AppStorePurchase init_value = ENTITLEMENTS__V1__APP_STORE_PURCHASE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__app_store_purchase__get_packed_size
+                     (const Entitlements__V1__AppStorePurchase *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__app_store_purchase__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__app_store_purchase__pack
+                     (const Entitlements__V1__AppStorePurchase *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__app_store_purchase__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__app_store_purchase__pack_to_buffer
+                     (const Entitlements__V1__AppStorePurchase *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__app_store_purchase__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__AppStorePurchase *
+       entitlements__v1__app_store_purchase__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__AppStorePurchase *)
+     protobuf_c_message_unpack (&entitlements__v1__app_store_purchase__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__app_store_purchase__free_unpacked
+                     (Entitlements__V1__AppStorePurchase *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__app_store_purchase__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__google_play_purchase__init
+                     (Entitlements__V1__GooglePlayPurchase         *message)
+{
+  static const Entitlements__V1__GooglePlayPurchase init_value = ENTITLEMENTS__V1__GOOGLE_PLAY_PURCHASE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__google_play_purchase__get_packed_size
+                     (const Entitlements__V1__GooglePlayPurchase *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__google_play_purchase__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__google_play_purchase__pack
+                     (const Entitlements__V1__GooglePlayPurchase *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__google_play_purchase__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__google_play_purchase__pack_to_buffer
+                     (const Entitlements__V1__GooglePlayPurchase *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__google_play_purchase__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__GooglePlayPurchase *
+       entitlements__v1__google_play_purchase__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__GooglePlayPurchase *)
+     protobuf_c_message_unpack (&entitlements__v1__google_play_purchase__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__google_play_purchase__free_unpacked
+                     (Entitlements__V1__GooglePlayPurchase *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__google_play_purchase__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__submit_purchase_response__init
+                     (Entitlements__V1__SubmitPurchaseResponse         *message)
+{
+  static const Entitlements__V1__SubmitPurchaseResponse init_value = ENTITLEMENTS__V1__SUBMIT_PURCHASE_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__submit_purchase_response__get_packed_size
+                     (const Entitlements__V1__SubmitPurchaseResponse *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__submit_purchase_response__pack
+                     (const Entitlements__V1__SubmitPurchaseResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__submit_purchase_response__pack_to_buffer
+                     (const Entitlements__V1__SubmitPurchaseResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__SubmitPurchaseResponse *
+       entitlements__v1__submit_purchase_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__SubmitPurchaseResponse *)
+     protobuf_c_message_unpack (&entitlements__v1__submit_purchase_response__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__submit_purchase_response__free_unpacked
+                     (Entitlements__V1__SubmitPurchaseResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__submit_purchase_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   entitlements__v1__write_response__init
                      (Entitlements__V1__WriteResponse         *message)
 {
@@ -1913,6 +2093,262 @@ const ProtobufCMessageDescriptor entitlements__v1__delete_customer_request__desc
   (ProtobufCMessageInit) entitlements__v1__delete_customer_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_request__field_descriptors[4] =
+{
+  {
+    "user_id",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__SubmitPurchaseRequest, user_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "app_store",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__SubmitPurchaseRequest, purchase_case),
+    offsetof(Entitlements__V1__SubmitPurchaseRequest, app_store),
+    &entitlements__v1__app_store_purchase__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "google_play",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__SubmitPurchaseRequest, purchase_case),
+    offsetof(Entitlements__V1__SubmitPurchaseRequest, google_play),
+    &entitlements__v1__google_play_purchase__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "environment",
+    4,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__SubmitPurchaseRequest, has_environment),
+    offsetof(Entitlements__V1__SubmitPurchaseRequest, environment),
+    &entitlements__v1__environment__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__submit_purchase_request__field_indices_by_name[] = {
+  1,   /* field[1] = app_store */
+  3,   /* field[3] = environment */
+  2,   /* field[2] = google_play */
+  0,   /* field[0] = user_id */
+};
+static const ProtobufCIntRange entitlements__v1__submit_purchase_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.SubmitPurchaseRequest",
+  "SubmitPurchaseRequest",
+  "Entitlements__V1__SubmitPurchaseRequest",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__SubmitPurchaseRequest),
+  4,
+  entitlements__v1__submit_purchase_request__field_descriptors,
+  entitlements__v1__submit_purchase_request__field_indices_by_name,
+  1,  entitlements__v1__submit_purchase_request__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__submit_purchase_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__app_store_purchase__field_descriptors[1] =
+{
+  {
+    "signed_transaction",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__AppStorePurchase, signed_transaction),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__app_store_purchase__field_indices_by_name[] = {
+  0,   /* field[0] = signed_transaction */
+};
+static const ProtobufCIntRange entitlements__v1__app_store_purchase__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__app_store_purchase__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.AppStorePurchase",
+  "AppStorePurchase",
+  "Entitlements__V1__AppStorePurchase",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__AppStorePurchase),
+  1,
+  entitlements__v1__app_store_purchase__field_descriptors,
+  entitlements__v1__app_store_purchase__field_indices_by_name,
+  1,  entitlements__v1__app_store_purchase__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__app_store_purchase__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__google_play_purchase__field_descriptors[3] =
+{
+  {
+    "package_name",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__GooglePlayPurchase, package_name),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "product_id",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__GooglePlayPurchase, product_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "purchase_token",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__GooglePlayPurchase, purchase_token),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__google_play_purchase__field_indices_by_name[] = {
+  0,   /* field[0] = package_name */
+  1,   /* field[1] = product_id */
+  2,   /* field[2] = purchase_token */
+};
+static const ProtobufCIntRange entitlements__v1__google_play_purchase__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__google_play_purchase__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.GooglePlayPurchase",
+  "GooglePlayPurchase",
+  "Entitlements__V1__GooglePlayPurchase",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__GooglePlayPurchase),
+  3,
+  entitlements__v1__google_play_purchase__field_descriptors,
+  entitlements__v1__google_play_purchase__field_indices_by_name,
+  1,  entitlements__v1__google_play_purchase__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__google_play_purchase__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_response__field_descriptors[4] =
+{
+  {
+    "entitlements",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, entitlements),
+    &entitlements__v1__check_entitlements_response__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "log_sequence",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, has_log_sequence),
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "changed",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, has_changed),
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, changed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "linked_alias",
+    4,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, linked_alias),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__submit_purchase_response__field_indices_by_name[] = {
+  2,   /* field[2] = changed */
+  0,   /* field[0] = entitlements */
+  3,   /* field[3] = linked_alias */
+  1,   /* field[1] = log_sequence */
+};
+static const ProtobufCIntRange entitlements__v1__submit_purchase_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.SubmitPurchaseResponse",
+  "SubmitPurchaseResponse",
+  "Entitlements__V1__SubmitPurchaseResponse",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__SubmitPurchaseResponse),
+  4,
+  entitlements__v1__submit_purchase_response__field_descriptors,
+  entitlements__v1__submit_purchase_response__field_indices_by_name,
+  1,  entitlements__v1__submit_purchase_response__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__submit_purchase_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCFieldDescriptor entitlements__v1__write_response__field_descriptors[4] =
 {
   {
@@ -2305,7 +2741,7 @@ const ProtobufCEnumDescriptor entitlements__v1__serving_status__descriptor =
   entitlements__v1__serving_status__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCMethodDescriptor entitlements__v1__entitlement_service__method_descriptors[11] =
+static const ProtobufCMethodDescriptor entitlements__v1__entitlement_service__method_descriptors[12] =
 {
   { "CheckEntitlements", &entitlements__v1__check_entitlements_request__descriptor, &entitlements__v1__check_entitlements_response__descriptor },
   { "BatchCheckEntitlements", &entitlements__v1__batch_check_entitlements_request__descriptor, &entitlements__v1__batch_check_entitlements_response__descriptor },
@@ -2317,18 +2753,20 @@ static const ProtobufCMethodDescriptor entitlements__v1__entitlement_service__me
   { "RevokeGrant", &entitlements__v1__revoke_grant_request__descriptor, &entitlements__v1__write_response__descriptor },
   { "LinkAlias", &entitlements__v1__link_alias_request__descriptor, &entitlements__v1__write_response__descriptor },
   { "DeleteCustomer", &entitlements__v1__delete_customer_request__descriptor, &entitlements__v1__write_response__descriptor },
+  { "SubmitPurchase", &entitlements__v1__submit_purchase_request__descriptor, &entitlements__v1__submit_purchase_response__descriptor },
   { "Compact", &entitlements__v1__compact_request__descriptor, &entitlements__v1__compact_response__descriptor },
 };
 const unsigned entitlements__v1__entitlement_service__method_indices_by_name[] = {
   1,        /* BatchCheckEntitlements */
   0,        /* CheckEntitlements */
-  10,        /* Compact */
+  11,        /* Compact */
   9,        /* DeleteCustomer */
   6,        /* GrantEntitlement */
   3,        /* Health */
   8,        /* LinkAlias */
   4,        /* RecordTransaction */
   7,        /* RevokeGrant */
+  10,        /* SubmitPurchase */
   5,        /* UpdateSubscriptionState */
   2         /* WatchEntitlements */
 };
@@ -2339,7 +2777,7 @@ const ProtobufCServiceDescriptor entitlements__v1__entitlement_service__descript
   "EntitlementService",
   "Entitlements__V1__EntitlementService",
   "entitlements.v1",
-  11,
+  12,
   entitlements__v1__entitlement_service__method_descriptors,
   entitlements__v1__entitlement_service__method_indices_by_name
 };
@@ -2423,13 +2861,21 @@ void entitlements__v1__entitlement_service__delete_customer(ProtobufCService *se
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
   service->invoke(service, 9, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
+void entitlements__v1__entitlement_service__submit_purchase(ProtobufCService *service,
+                                                            const Entitlements__V1__SubmitPurchaseRequest *input,
+                                                            Entitlements__V1__SubmitPurchaseResponse_Closure closure,
+                                                            void *closure_data)
+{
+  assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
+  service->invoke(service, 10, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
 void entitlements__v1__entitlement_service__compact(ProtobufCService *service,
                                                     const Entitlements__V1__CompactRequest *input,
                                                     Entitlements__V1__CompactResponse_Closure closure,
                                                     void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 10, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 11, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__init (Entitlements__V1__EntitlementService_Service *service,
                                                   Entitlements__V1__EntitlementService_ServiceDestroy destroy)

@@ -30,6 +30,10 @@ typedef struct Entitlements__V1__GrantEntitlementRequest Entitlements__V1__Grant
 typedef struct Entitlements__V1__RevokeGrantRequest Entitlements__V1__RevokeGrantRequest;
 typedef struct Entitlements__V1__LinkAliasRequest Entitlements__V1__LinkAliasRequest;
 typedef struct Entitlements__V1__DeleteCustomerRequest Entitlements__V1__DeleteCustomerRequest;
+typedef struct Entitlements__V1__SubmitPurchaseRequest Entitlements__V1__SubmitPurchaseRequest;
+typedef struct Entitlements__V1__AppStorePurchase Entitlements__V1__AppStorePurchase;
+typedef struct Entitlements__V1__GooglePlayPurchase Entitlements__V1__GooglePlayPurchase;
+typedef struct Entitlements__V1__SubmitPurchaseResponse Entitlements__V1__SubmitPurchaseResponse;
 typedef struct Entitlements__V1__WriteResponse Entitlements__V1__WriteResponse;
 typedef struct Entitlements__V1__HealthRequest Entitlements__V1__HealthRequest;
 typedef struct Entitlements__V1__HealthResponse Entitlements__V1__HealthResponse;
@@ -405,6 +409,101 @@ struct  Entitlements__V1__DeleteCustomerRequest
 #define ENTITLEMENTS__V1__DELETE_CUSTOMER_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__delete_customer_request__descriptor) \
     , NULL }
+
+
+typedef enum {
+  ENTITLEMENTS__V1__SUBMIT_PURCHASE_REQUEST__PURCHASE__NOT_SET = 0,
+  ENTITLEMENTS__V1__SUBMIT_PURCHASE_REQUEST__PURCHASE_APP_STORE = 2,
+  ENTITLEMENTS__V1__SUBMIT_PURCHASE_REQUEST__PURCHASE_GOOGLE_PLAY = 3
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(ENTITLEMENTS__V1__SUBMIT_PURCHASE_REQUEST__PURCHASE__CASE)
+} Entitlements__V1__SubmitPurchaseRequest__PurchaseCase;
+
+/*
+ * Method 22. A purchase the app holds, verified with its store and recorded for
+ * user_id; answered with user_id's entitlements once it is applied
+ * (docs/ingestion.md, "A purchase the app just made").
+ */
+struct  Entitlements__V1__SubmitPurchaseRequest
+{
+  ProtobufCMessage base;
+  char *user_id;
+  /*
+   * The environment of the entitlements in the answer; unspecified: the
+   * purchase's own (a test purchase answers for SANDBOX).
+   */
+  protobuf_c_boolean has_environment;
+  Entitlements__V1__Environment environment;
+  Entitlements__V1__SubmitPurchaseRequest__PurchaseCase purchase_case;
+  union {
+    Entitlements__V1__AppStorePurchase *app_store;
+    Entitlements__V1__GooglePlayPurchase *google_play;
+  };
+};
+#define ENTITLEMENTS__V1__SUBMIT_PURCHASE_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__submit_purchase_request__descriptor) \
+    , NULL, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, ENTITLEMENTS__V1__SUBMIT_PURCHASE_REQUEST__PURCHASE__NOT_SET, {0} }
+
+
+/*
+ * A StoreKit 2 transaction, as the app got it.
+ */
+struct  Entitlements__V1__AppStorePurchase
+{
+  ProtobufCMessage base;
+  /*
+   * Transaction.jwsRepresentation: the JWS Apple signed.
+   */
+  char *signed_transaction;
+};
+#define ENTITLEMENTS__V1__APP_STORE_PURCHASE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__app_store_purchase__descriptor) \
+    , NULL }
+
+
+/*
+ * A Google Play purchase, as the app got it from the Play Billing Library.
+ */
+struct  Entitlements__V1__GooglePlayPurchase
+{
+  ProtobufCMessage base;
+  char *package_name;
+  /*
+   * The product id (a subscription's or a one-time product's).
+   */
+  char *product_id;
+  char *purchase_token;
+};
+#define ENTITLEMENTS__V1__GOOGLE_PLAY_PURCHASE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__google_play_purchase__descriptor) \
+    , NULL, NULL, NULL }
+
+
+struct  Entitlements__V1__SubmitPurchaseResponse
+{
+  ProtobufCMessage base;
+  /*
+   * user_id's entitlements after the purchase, as CheckEntitlements answers them.
+   */
+  Entitlements__V1__CheckEntitlementsResponse *entitlements;
+  /*
+   * The log sequence of the purchase's last write; 0 when it changed nothing.
+   */
+  protobuf_c_boolean has_log_sequence;
+  uint64_t log_sequence;
+  /*
+   * False when the purchase was recorded already. Always sent.
+   */
+  protobuf_c_boolean has_changed;
+  protobuf_c_boolean changed;
+  /*
+   * The store's alias of the purchase now linked to the customer
+   * (appstore:ORIGINAL_TRANSACTION_ID, googleplay:TOKEN).
+   */
+  char *linked_alias;
+};
+#define ENTITLEMENTS__V1__SUBMIT_PURCHASE_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__submit_purchase_response__descriptor) \
+    , NULL, 0, 0, 0, 0, NULL }
 
 
 /*
@@ -797,6 +896,82 @@ Entitlements__V1__DeleteCustomerRequest *
 void   entitlements__v1__delete_customer_request__free_unpacked
                      (Entitlements__V1__DeleteCustomerRequest *message,
                       ProtobufCAllocator *allocator);
+/* Entitlements__V1__SubmitPurchaseRequest methods */
+void   entitlements__v1__submit_purchase_request__init
+                     (Entitlements__V1__SubmitPurchaseRequest         *message);
+size_t entitlements__v1__submit_purchase_request__get_packed_size
+                     (const Entitlements__V1__SubmitPurchaseRequest   *message);
+size_t entitlements__v1__submit_purchase_request__pack
+                     (const Entitlements__V1__SubmitPurchaseRequest   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__submit_purchase_request__pack_to_buffer
+                     (const Entitlements__V1__SubmitPurchaseRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__SubmitPurchaseRequest *
+       entitlements__v1__submit_purchase_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__submit_purchase_request__free_unpacked
+                     (Entitlements__V1__SubmitPurchaseRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__AppStorePurchase methods */
+void   entitlements__v1__app_store_purchase__init
+                     (Entitlements__V1__AppStorePurchase         *message);
+size_t entitlements__v1__app_store_purchase__get_packed_size
+                     (const Entitlements__V1__AppStorePurchase   *message);
+size_t entitlements__v1__app_store_purchase__pack
+                     (const Entitlements__V1__AppStorePurchase   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__app_store_purchase__pack_to_buffer
+                     (const Entitlements__V1__AppStorePurchase   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__AppStorePurchase *
+       entitlements__v1__app_store_purchase__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__app_store_purchase__free_unpacked
+                     (Entitlements__V1__AppStorePurchase *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__GooglePlayPurchase methods */
+void   entitlements__v1__google_play_purchase__init
+                     (Entitlements__V1__GooglePlayPurchase         *message);
+size_t entitlements__v1__google_play_purchase__get_packed_size
+                     (const Entitlements__V1__GooglePlayPurchase   *message);
+size_t entitlements__v1__google_play_purchase__pack
+                     (const Entitlements__V1__GooglePlayPurchase   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__google_play_purchase__pack_to_buffer
+                     (const Entitlements__V1__GooglePlayPurchase   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__GooglePlayPurchase *
+       entitlements__v1__google_play_purchase__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__google_play_purchase__free_unpacked
+                     (Entitlements__V1__GooglePlayPurchase *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__SubmitPurchaseResponse methods */
+void   entitlements__v1__submit_purchase_response__init
+                     (Entitlements__V1__SubmitPurchaseResponse         *message);
+size_t entitlements__v1__submit_purchase_response__get_packed_size
+                     (const Entitlements__V1__SubmitPurchaseResponse   *message);
+size_t entitlements__v1__submit_purchase_response__pack
+                     (const Entitlements__V1__SubmitPurchaseResponse   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__submit_purchase_response__pack_to_buffer
+                     (const Entitlements__V1__SubmitPurchaseResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__SubmitPurchaseResponse *
+       entitlements__v1__submit_purchase_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__submit_purchase_response__free_unpacked
+                     (Entitlements__V1__SubmitPurchaseResponse *message,
+                      ProtobufCAllocator *allocator);
 /* Entitlements__V1__WriteResponse methods */
 void   entitlements__v1__write_response__init
                      (Entitlements__V1__WriteResponse         *message);
@@ -974,6 +1149,18 @@ typedef void (*Entitlements__V1__LinkAliasRequest_Closure)
 typedef void (*Entitlements__V1__DeleteCustomerRequest_Closure)
                  (const Entitlements__V1__DeleteCustomerRequest *message,
                   void *closure_data);
+typedef void (*Entitlements__V1__SubmitPurchaseRequest_Closure)
+                 (const Entitlements__V1__SubmitPurchaseRequest *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__AppStorePurchase_Closure)
+                 (const Entitlements__V1__AppStorePurchase *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__GooglePlayPurchase_Closure)
+                 (const Entitlements__V1__GooglePlayPurchase *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__SubmitPurchaseResponse_Closure)
+                 (const Entitlements__V1__SubmitPurchaseResponse *message,
+                  void *closure_data);
 typedef void (*Entitlements__V1__WriteResponse_Closure)
                  (const Entitlements__V1__WriteResponse *message,
                   void *closure_data);
@@ -1042,6 +1229,10 @@ struct Entitlements__V1__EntitlementService_Service
                           const Entitlements__V1__DeleteCustomerRequest *input,
                           Entitlements__V1__WriteResponse_Closure closure,
                           void *closure_data);
+  void (*submit_purchase)(Entitlements__V1__EntitlementService_Service *service,
+                          const Entitlements__V1__SubmitPurchaseRequest *input,
+                          Entitlements__V1__SubmitPurchaseResponse_Closure closure,
+                          void *closure_data);
   void (*compact)(Entitlements__V1__EntitlementService_Service *service,
                   const Entitlements__V1__CompactRequest *input,
                   Entitlements__V1__CompactResponse_Closure closure,
@@ -1064,6 +1255,7 @@ void entitlements__v1__entitlement_service__init (Entitlements__V1__EntitlementS
       function_prefix__ ## revoke_grant,\
       function_prefix__ ## link_alias,\
       function_prefix__ ## delete_customer,\
+      function_prefix__ ## submit_purchase,\
       function_prefix__ ## compact  }
 void entitlements__v1__entitlement_service__check_entitlements(ProtobufCService *service,
                                                                const Entitlements__V1__CheckEntitlementsRequest *input,
@@ -1105,6 +1297,10 @@ void entitlements__v1__entitlement_service__delete_customer(ProtobufCService *se
                                                             const Entitlements__V1__DeleteCustomerRequest *input,
                                                             Entitlements__V1__WriteResponse_Closure closure,
                                                             void *closure_data);
+void entitlements__v1__entitlement_service__submit_purchase(ProtobufCService *service,
+                                                            const Entitlements__V1__SubmitPurchaseRequest *input,
+                                                            Entitlements__V1__SubmitPurchaseResponse_Closure closure,
+                                                            void *closure_data);
 void entitlements__v1__entitlement_service__compact(ProtobufCService *service,
                                                     const Entitlements__V1__CompactRequest *input,
                                                     Entitlements__V1__CompactResponse_Closure closure,
@@ -1128,6 +1324,10 @@ extern const ProtobufCMessageDescriptor entitlements__v1__grant_entitlement_requ
 extern const ProtobufCMessageDescriptor entitlements__v1__revoke_grant_request__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__link_alias_request__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__delete_customer_request__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_request__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__app_store_purchase__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__google_play_purchase__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_response__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__write_response__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__health_request__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__health_response__descriptor;

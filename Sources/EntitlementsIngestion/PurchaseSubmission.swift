@@ -1,0 +1,184 @@
+public import EntitlementsMessages
+import EntitlementsWire
+public import EntitlementsServer
+import EntitlementsStore
+import Logging
+public import NIOCore
+
+/// SubmitPurchase (docs/ingestion.md, "A purchase the app just made"): the purchase the app
+/// holds, verified with its store as a notification would be and recorded for the caller's
+/// user, who must not be another customer than the purchase names. Counted in
+/// `entitlements_submitted_purchases_total{store, outcome, reason}`.
+extension WebhookIngestion: PurchaseVerifier {
+    public func submit(_ request: SubmitPurchaseRequest, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> Result<SubmittedPurchase, ServiceError> {
+        let user = request.userId ?? ""
+        switch request.purchase {
+        case .appStore(let purchase):
+            return self.answer(await self.submitAppStore(purchase, user: user, methods: methods, on: eventLoop), store: "appstore")
+        case .googlePlay(let purchase):
+            return self.answer(await self.submitGooglePlay(purchase, user: user, methods: methods, on: eventLoop), store: "googleplay")
+        case nil:
+            return .failure(ServiceError(.invalidArgument, "purchase: set app_store or google_play"))
+        }
+    }
+
+    /// What a submission came to: the outcome of its writes, and what the answer needs.
+    struct Submission {
+        var outcome: Outcome
+        var alias: String?
+        var environment: Environment = .production
+    }
+
+    private func submitAppStore(_ purchase: AppStorePurchase, user: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> Submission {
+        guard let appStore = self.appStore else {
+            return Submission(outcome: .retry(IngestionRetry(.storeDenied, "App Store purchases are not verified by this server: start it with --appstore-root-cert and --appstore-bundle-id")))
+        }
+        guard let jws = purchase.signedTransaction, !jws.isEmpty else {
+            return Submission(outcome: .rejected(IngestionRejection(.missingField, "app_store.signed_transaction: the transaction's jwsRepresentation is required")))
+        }
+        let transaction: EventJSON
+        let recorded: AppStoreNotifications.Recorded
+        do {
+            transaction = try await appStore.verifier.verify(jws, what: "signed_transaction")
+            recorded = try appStore.notifications.record(transaction, what: "SubmitPurchase", environment: nil, catalogContains: methods.catalogContains)
+        } catch {
+            return Submission(outcome: Self.outcome(of: error))
+        }
+        guard case .record(let record) = recorded else {
+            if case .ignore(let reason) = recorded {
+                return Submission(outcome: .ignored(reason))
+            }
+            return Submission(outcome: .ignored(""))
+        }
+        let alias = AppStoreNotifications.alias(ofOriginalTransaction: record.originalTransactionId ?? "")
+        let token = transaction["appAccountToken"].string.flatMap { $0.isEmpty ? nil : $0.lowercased() }
+        // The JWS as the app holds it may be older than a refund stored since: it keeps it.
+        let plan = StoreEventPlan.apply(identity: .user(user, storeCustomer: alias), writes: [.transaction(record, keepRevocation: record.revocationDate == nil)])
+        let outcome = await self.run(plan, methods: methods, on: eventLoop) {
+            try Self.checkOwner(user: user, alias: alias, accountIds: token.map { [$0, $0.uppercased()] } ?? [], what: "appAccountToken", methods: methods, on: eventLoop)
+        }
+        return Submission(outcome: outcome, alias: alias, environment: record.environment)
+    }
+
+    private func submitGooglePlay(_ purchase: GooglePlayPurchase, user: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> Submission {
+        guard let play = self.googlePlay else {
+            return Submission(outcome: .retry(IngestionRetry(.storeDenied, "Google Play purchases are not verified by this server: start it with the --googleplay-* settings")))
+        }
+        guard let package = purchase.packageName, let productId = purchase.productId, let token = purchase.purchaseToken, !package.isEmpty, !productId.isEmpty, !token.isEmpty else {
+            return Submission(outcome: .rejected(IngestionRejection(.missingField, "google_play: package_name, product_id and purchase_token are required")))
+        }
+        guard play.settings.packages.contains(package) else {
+            return Submission(outcome: .rejected(IngestionRejection(.otherApp, "package_name \(package) is not one of --googleplay-package (\(play.settings.packages.sorted().joined(separator: ", ")))")))
+        }
+        let catalog = PlayCatalog(contains: { methods.catalogContains($0) }, period: { methods.catalogPeriod($0) })
+        var plan: StoreEventPlan
+        let acknowledgement: PlayAcknowledgement?
+        do {
+            do {
+                let subscription = try await play.api.subscription(package: package, token: token)
+                guard subscription["lineItems"].array.contains(where: { $0["productId"].string == productId }) else {
+                    throw IngestionRejection(.missingField, "the purchase token is a subscription to \(subscription["lineItems"][0]["productId"].string ?? "another product"), not to \(productId)")
+                }
+                (plan, acknowledgement) = try play.notifications.plan(subscription: subscription, token: token, catalog: catalog)
+            } catch let rejection as IngestionRejection where rejection.reason == .unknownToken {
+                // Not a subscription's token: a one-time product's.
+                let product = try await play.api.product(package: package, productId: productId, token: token)
+                (plan, acknowledgement) = try play.notifications.plan(product: product, token: token, sku: productId, catalog: catalog)
+            }
+        } catch {
+            return Submission(outcome: Self.outcome(of: error))
+        }
+        guard case .apply(let identity, let writes) = plan else {
+            if case .ignore(let reason) = plan {
+                return Submission(outcome: .ignored(reason))
+            }
+            return Submission(outcome: .ignored(""))
+        }
+        let alias = PlayNotifications.alias(ofToken: token)
+        var accountIds: [String] = []
+        if case .accountId(let id, _) = identity {
+            accountIds = [id]
+        }
+        plan = .apply(identity: .user(user, storeCustomer: alias), writes: writes)
+        var environment = Environment.production
+        for case .transaction(let transaction, _) in writes {
+            environment = transaction.environment
+        }
+        var outcome = await self.run(plan, methods: methods, on: eventLoop) {
+            try Self.checkOwner(user: user, alias: alias, accountIds: accountIds, what: "obfuscatedExternalAccountId", methods: methods, on: eventLoop)
+        }
+        if let acknowledgement {
+            switch outcome {
+            case .applied, .ignored:
+                do {
+                    try await play.api.acknowledge(acknowledgement, package: package)
+                    self.countAcknowledgement("acknowledged")
+                } catch {
+                    self.countAcknowledgement("failed")
+                    outcome = .retry(error)
+                }
+            case .rejected, .retry:
+                break
+            }
+        }
+        return Submission(outcome: outcome, alias: alias, environment: environment)
+    }
+
+    /// Refuses a purchase that names another customer than `user`'s: an account id the app
+    /// set at purchase that names another customer, or the purchase's alias linked to one.
+    private static func checkOwner(user: String, alias: String, accountIds: [String], what: String, methods: EntitlementMethods, on eventLoop: any EventLoop) throws {
+        let context = StoreEventApplier.context(on: eventLoop)
+        func owner(_ id: String) throws -> String? {
+            switch methods.customerRecord(id, context) {
+            case .success(let record): return record?.id
+            case .failure(let error): throw IngestionRetry(.writeFailed, "reading \(id): \(error.message)")
+            }
+        }
+        let customer = try owner(user) ?? user
+        for accountId in accountIds where IdRule.problem(accountId) == nil {
+            if accountId != user, let named = try owner(accountId), named != customer {
+                throw IngestionRejection(.otherCustomer, "the purchase's \(what) names customer \(named), not \(user)")
+            }
+        }
+        if let linked = try owner(alias), linked != customer {
+            throw IngestionRejection(.otherCustomer, "the purchase belongs to customer \(linked) (alias \(alias)); LinkAlias with transfer moves it")
+        }
+    }
+
+    /// The call's answer, counted by store, outcome and reason.
+    private func answer(_ submission: Submission, store: String) -> Result<SubmittedPurchase, ServiceError> {
+        let purchase = SubmittedPurchase(logSequence: 0, changed: false, linkedAlias: submission.alias, environment: submission.environment)
+        switch submission.outcome {
+        case .ignored(let reason):
+            self.countSubmission(store, "ignored", reason)
+            return .success(purchase)
+        case .applied(let applied):
+            self.countSubmission(store, applied.changed ? "applied" : "unchanged", "")
+            var recorded = purchase
+            recorded.changed = applied.changed
+            recorded.logSequence = applied.logSequence
+            return .success(recorded)
+        case .rejected(let rejection):
+            self.countSubmission(store, "rejected", rejection.reason.rawValue)
+            let status: StatusCode =
+                switch rejection.reason {
+                case .otherCustomer: .permissionDenied
+                case .unknownToken: .notFound
+                default: .invalidArgument
+                }
+            return .failure(ServiceError(status, rejection.message))
+        case .retry(let retry):
+            self.countSubmission(store, "retry", retry.reason.rawValue)
+            let status: StatusCode =
+                switch retry.reason {
+                case .unknownProduct, .storeDenied, .unknownState: .failedPrecondition
+                default: .unavailable
+                }
+            return .failure(ServiceError(status, retry.message))
+        }
+    }
+
+    private func countSubmission(_ store: String, _ outcome: String, _ reason: String) {
+        self.increment("entitlements_submitted_purchases_total", [("store", store), ("outcome", outcome), ("reason", reason)])
+    }
+}

@@ -120,8 +120,8 @@ public enum EntitlementsOutput {
     }
 
     /// SubmitPurchase's answer as one JSON line: the purchase's write (`changed`,
-    /// `logSequence`, `linkedAlias`), the user and customer, and under `entitlements` the
-    /// answer of a check, as `check --json` prints it.
+    /// `logSequence`, `linkedAlias`, `ignored`), the user and customer, the environment of
+    /// the answer, and under `entitlements` the answer of a check, as `check --json` prints it.
     public static func json(_ response: SubmitPurchaseResponse) -> String {
         let check = response.entitlements ?? CheckEntitlementsResponse()
         return JSONValue.object([
@@ -130,6 +130,8 @@ public enum EntitlementsOutput {
             ("changed", .bool(response.changed)),
             ("logSequence", response.logSequence > 0 ? .int(Int64(response.logSequence)) : .null),
             ("linkedAlias", .string(response.linkedAlias)),
+            ("environment", .name(response.environment)),
+            ("ignored", .string(response.ignored)),
             ("entitlements", Self.checkValue(check)),
         ]).serialized(pretty: false)
     }

@@ -31,7 +31,7 @@ extension WebhookIngestion: PurchaseVerifier {
 
     private func submitAppStore(_ purchase: AppStorePurchase, user: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> Submission {
         guard let appStore = self.appStore else {
-            return Submission(outcome: .retry(IngestionRetry(.storeDenied, "App Store purchases are not verified by this server: start it with --appstore-root-cert and --appstore-bundle-id")))
+            return Submission(outcome: .retry(IngestionRetry(.storeNotConfigured, "App Store purchases are not verified by this server: start it with --appstore-root-cert and --appstore-bundle-id")))
         }
         guard let jws = purchase.signedTransaction, !jws.isEmpty else {
             return Submission(outcome: .rejected(IngestionRejection(.missingField, "app_store.signed_transaction: the transaction's jwsRepresentation is required")))
@@ -53,16 +53,18 @@ extension WebhookIngestion: PurchaseVerifier {
         let alias = AppStoreNotifications.alias(ofOriginalTransaction: record.originalTransactionId ?? "")
         let token = transaction["appAccountToken"].string.flatMap { $0.isEmpty ? nil : $0.lowercased() }
         // The JWS as the app holds it may be older than a refund stored since: it keeps it.
-        let plan = StoreEventPlan.apply(identity: .user(user, storeCustomer: alias), writes: [.transaction(record, keepRevocation: record.revocationDate == nil)])
+        let plan = StoreEventPlan.apply(identity: .claimant(user, alias: alias), writes: [.transaction(record, keepRevocation: record.revocationDate == nil)])
         let outcome = await self.run(plan, methods: methods, on: eventLoop) {
-            try Self.checkOwner(user: user, alias: alias, accountIds: token.map { [$0, $0.uppercased()] } ?? [], what: "appAccountToken", methods: methods, on: eventLoop)
+            try Self.checkOwner(
+                user: user, aliases: [alias], accountId: token.map { [$0, $0.uppercased()] }, what: "appAccountToken", methods: methods, on: eventLoop
+            )
         }
         return Submission(outcome: outcome, alias: alias, environment: record.environment)
     }
 
     private func submitGooglePlay(_ purchase: GooglePlayPurchase, user: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> Submission {
         guard let play = self.googlePlay else {
-            return Submission(outcome: .retry(IngestionRetry(.storeDenied, "Google Play purchases are not verified by this server: start it with the --googleplay-* settings")))
+            return Submission(outcome: .retry(IngestionRetry(.storeNotConfigured, "Google Play purchases are not verified by this server: start it with the --googleplay-* settings")))
         }
         guard let package = purchase.packageName, let productId = purchase.productId, let token = purchase.purchaseToken, !package.isEmpty, !productId.isEmpty, !token.isEmpty else {
             return Submission(outcome: .rejected(IngestionRejection(.missingField, "google_play: package_name, product_id and purchase_token are required")))
@@ -95,17 +97,23 @@ extension WebhookIngestion: PurchaseVerifier {
             return Submission(outcome: .ignored(""))
         }
         let alias = PlayNotifications.alias(ofToken: token)
-        var accountIds: [String] = []
-        if case .accountId(let id, _) = identity {
-            accountIds = [id]
+        var accountId: [String]?
+        var aliases = [alias]
+        switch identity {
+        case .accountId(let id, _): accountId = [id]
+        case .chainAlias(_, let linked?): aliases.append(linked)
+        default: break
         }
-        plan = .apply(identity: .user(user, storeCustomer: alias), writes: writes)
+        if let linked = Self.linkedToken(of: writes) {
+            aliases.append(PlayNotifications.alias(ofToken: linked))
+        }
+        plan = .apply(identity: .claimant(user, alias: alias), writes: writes)
         var environment = Environment.production
         for case .transaction(let transaction, _) in writes {
             environment = transaction.environment
         }
         var outcome = await self.run(plan, methods: methods, on: eventLoop) {
-            try Self.checkOwner(user: user, alias: alias, accountIds: accountIds, what: "obfuscatedExternalAccountId", methods: methods, on: eventLoop)
+            try Self.checkOwner(user: user, aliases: aliases, accountId: accountId, what: "obfuscatedExternalAccountId", methods: methods, on: eventLoop)
         }
         if let acknowledgement {
             switch outcome {
@@ -124,40 +132,65 @@ extension WebhookIngestion: PurchaseVerifier {
         return Submission(outcome: outcome, alias: alias, environment: environment)
     }
 
-    /// Refuses a purchase that names another customer than `user`'s: an account id the app
-    /// set at purchase that names another customer, or the purchase's alias linked to one.
-    private static func checkOwner(user: String, alias: String, accountIds: [String], what: String, methods: EntitlementMethods, on eventLoop: any EventLoop) throws {
+    /// The old token a plan's linked purchase ends, if any.
+    private static func linkedToken(of writes: [StoreWrite]) -> String? {
+        for case .endChains(_, let chain, _) in writes {
+            return chain
+        }
+        return nil
+    }
+
+    /// Refuses a purchase that is not `user`'s to claim, the same whichever comes first,
+    /// the submission or the store's notification:
+    /// - the account id the app set at purchase (`accountId`: its spellings) must be the
+    ///   user id or name the user's customer (link it with LinkAlias before the purchase);
+    /// - the purchase's aliases (its own, and a replaced purchase's) must be linked to
+    ///   nobody or to the user's customer.
+    /// Another customer's id is never said: the message may reach the app's user. The link
+    /// itself is made without transfer, so the write rule decides a race (`aliasTaken`).
+    private static func checkOwner(user: String, aliases: [String], accountId: [String]?, what: String, methods: EntitlementMethods, on eventLoop: any EventLoop) throws {
         let context = StoreEventApplier.context(on: eventLoop)
         func owner(_ id: String) throws -> String? {
+            guard IdRule.problem(id) == nil else { return nil }
             switch methods.customerRecord(id, context) {
             case .success(let record): return record?.id
             case .failure(let error): throw IngestionRetry(.writeFailed, "reading \(id): \(error.message)")
             }
         }
         let customer = try owner(user) ?? user
-        for accountId in accountIds where IdRule.problem(accountId) == nil {
-            if accountId != user, let named = try owner(accountId), named != customer {
-                throw IngestionRejection(.otherCustomer, "the purchase's \(what) names customer \(named), not \(user)")
+        if let spellings = accountId, !spellings.contains(user) {
+            let named = try spellings.compactMap(owner)
+            guard !named.isEmpty else {
+                throw IngestionRejection(
+                    .otherCustomer,
+                    "the purchase's \(what) (\(spellings[0])) is not \(user) and names no customer: link it to \(user) with LinkAlias first (as the app's backend does before the purchase)"
+                )
+            }
+            guard named.contains(customer) else {
+                throw IngestionRejection(.otherCustomer, "the purchase's \(what) names another customer than \(user)")
             }
         }
-        if let linked = try owner(alias), linked != customer {
-            throw IngestionRejection(.otherCustomer, "the purchase belongs to customer \(linked) (alias \(alias)); LinkAlias with transfer moves it")
+        for alias in aliases {
+            if let linked = try owner(alias), linked != customer {
+                throw IngestionRejection(.otherCustomer, "the purchase (\(alias)) belongs to another customer; LinkAlias with transfer moves it if that is right")
+            }
         }
     }
 
     /// The call's answer, counted by store, outcome and reason.
     private func answer(_ submission: Submission, store: String) -> Result<SubmittedPurchase, ServiceError> {
-        let purchase = SubmittedPurchase(logSequence: 0, changed: false, linkedAlias: submission.alias, environment: submission.environment)
         switch submission.outcome {
         case .ignored(let reason):
             self.countSubmission(store, "ignored", reason)
-            return .success(purchase)
+            return .success(SubmittedPurchase(logSequence: 0, readSequence: 0, changed: false, linkedAlias: nil, environment: submission.environment, ignored: reason))
         case .applied(let applied):
             self.countSubmission(store, applied.changed ? "applied" : "unchanged", "")
-            var recorded = purchase
-            recorded.changed = applied.changed
-            recorded.logSequence = applied.logSequence
-            return .success(recorded)
+            return .success(
+                SubmittedPurchase(
+                    logSequence: applied.logSequence, readSequence: applied.readSequence, changed: applied.changed, linkedAlias: submission.alias,
+                    environment: submission.environment
+                )
+            )
         case .rejected(let rejection):
             self.countSubmission(store, "rejected", rejection.reason.rawValue)
             let status: StatusCode =
@@ -168,11 +201,12 @@ extension WebhookIngestion: PurchaseVerifier {
                 }
             return .failure(ServiceError(status, rejection.message))
         case .retry(let retry):
-            self.countSubmission(store, "retry", retry.reason.rawValue)
+            self.countSubmission(store, retry.reason == .aliasTaken ? "rejected" : "retry", retry.reason.rawValue)
             let status: StatusCode =
                 switch retry.reason {
-                case .unknownProduct, .storeDenied, .unknownState: .failedPrecondition
-                default: .unavailable
+                case .aliasTaken: .permissionDenied
+                case .unknownProduct, .unknownState, .storeNotConfigured: .failedPrecondition
+                default: .unavailable  // the store, its credentials (a 401 is exchanged again), a write: retry
                 }
             return .failure(ServiceError(status, retry.message))
         }

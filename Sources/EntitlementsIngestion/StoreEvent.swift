@@ -73,6 +73,11 @@ public enum RetryReason: String, Sendable, Hashable, CaseIterable {
     /// Google Play: the writes are durable but acknowledging the purchase failed; the
     /// redelivery acknowledges it.
     case acknowledgeFailed = "acknowledge_failed"
+    /// SubmitPurchase: the purchase's alias belongs to another customer (the store's write
+    /// rule said so, against the newest record: in fleet mode, PostgreSQL's).
+    case aliasTaken = "alias_taken"
+    /// SubmitPurchase: this server verifies no purchases of the store named.
+    case storeNotConfigured = "store_not_configured"
 }
 
 /// Who a store event is about, as the event names them.
@@ -94,12 +99,17 @@ enum StoreIdentity: Sendable, Hashable {
     /// Only the chain's alias (`googleplay:TOKEN`), or else the alias of the chain it
     /// replaced (a linked purchase token): the chain's alias is then linked to that user.
     case chainAlias(String, linked: String?)
+    /// SubmitPurchase: the caller's user, who claims the purchase's alias: linked unless
+    /// another customer has it (then nothing is written: `aliasTaken`).
+    case claimant(String, alias: String)
 }
 
 /// One write an event makes, before its customer is known.
 enum StoreWrite: Sendable, Hashable {
     /// Links the store's customer alias to the user (moving it if another user had it).
     case linkStoreCustomer(alias: String)
+    /// Links the alias to the user unless another customer has it (then `aliasTaken`).
+    case claimAlias(String)
     /// Records a paid period. With `keepRevocation`, a refund already stored is kept
     /// (`keep_revocation`); without it, the transaction's own revocation date (or its
     /// absence: a refund reversed) replaces the stored one. A transaction stored with other
@@ -151,10 +161,12 @@ extension StoreEventPlan {
             ids += [("obfuscatedExternalAccountId", id), ("the purchase's alias", chainAlias)]
         case .chainAlias(let alias, let linked):
             ids += [("the purchase's alias", alias), ("the linked purchase's alias", linked)]
+        case .claimant(let user, let alias):
+            ids += [("the user id", user), ("the purchase's alias", alias)]
         }
         for write in writes {
             switch write {
-            case .linkStoreCustomer(let alias):
+            case .linkStoreCustomer(let alias), .claimAlias(let alias):
                 ids.append(("the store customer's alias", alias))
             case .transaction(let transaction, _):
                 ids += [

@@ -2,6 +2,7 @@ import EntitlementsMessages
 import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsStore
+import EntitlementsWire
 import NIOCore
 
 /// What applying an event did.
@@ -13,6 +14,9 @@ struct AppliedEvent: Sendable, Hashable {
     var logSequence: UInt64
     /// Why a write the event asked for was left out (a refund of a payment never seen).
     var skipped: String? = nil
+    /// The highest log sequence any write answered (an unchanged write in fleet mode names
+    /// the customer's last): a read at it sees every write of the event.
+    var readSequence: UInt64 = 0
 }
 
 /// Runs a plan's writes, one after another, through the same ``EntitlementMethods/write(_:_:)``
@@ -57,6 +61,9 @@ struct StoreEventApplier: Sendable {
                     "no user is linked to \(alias)\(linked.map { " or \($0)" } ?? "") yet, and the purchase names no account id: refused so that the notification is delivered again once the app's backend links the alias"
                 )
             }
+        case .claimant(let id, let alias):
+            user = id
+            planned.insert(.claimAlias(alias), at: 0)
         case .storeCustomer(let alias):
             guard let record = try self.record(alias, context), let id = record.id else {
                 throw IngestionRetry(
@@ -71,6 +78,7 @@ struct StoreEventApplier: Sendable {
             for mutation in try self.mutations(for: write, user: user, now: now, skipped: &applied.skipped, context) {
                 let response = try await self.write(mutation, context)
                 applied.customerId = response.customerId ?? applied.customerId
+                applied.readSequence = max(applied.readSequence, response.logSequence)
                 if response.changed {
                     applied.changed = true
                     applied.logSequence = response.logSequence
@@ -106,6 +114,8 @@ struct StoreEventApplier: Sendable {
         switch write {
         case .linkStoreCustomer(let alias):
             return [.linkAlias(LinkAliasRequest(userId: user, alias: alias, transfer: true))]
+        case .claimAlias(let alias):
+            return [.linkAlias(LinkAliasRequest(userId: user, alias: alias, transfer: false))]
         case .state(let state):
             return [.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: state))]
         case .stateWithBillingIssue(var state):
@@ -223,6 +233,10 @@ struct StoreEventApplier: Sendable {
         case .success(let response):
             return response
         case .failure(let error):
+            if case .linkAlias(let link) = mutation, link.transfer != true, error.status == .failedPrecondition {
+                // The write rule, against the newest record, says another customer has it.
+                throw IngestionRetry(.aliasTaken, "the purchase (\(link.alias ?? "")) belongs to another customer; LinkAlias with transfer moves it if that is right")
+            }
             throw IngestionRetry(.writeFailed, "\(error.status): \(error.message)")
         }
     }

@@ -251,10 +251,12 @@ struct SubmitPurchaseCommand: AsyncParsableCommand {
     @Flag(help: "Print JSON.") var json = false
 
     func validate() throws {
-        _ = try self.request()
+        _ = try self.request(readingJWS: false)
     }
 
-    func request() throws -> SubmitPurchaseRequest {
+    /// The request; `readingJWS` false checks the flags only (standard input is read once,
+    /// by the run).
+    func request(readingJWS: Bool = true) throws -> SubmitPurchaseRequest {
         var request = SubmitPurchaseRequest(userId: self.user)
         if let environment = self.environment {
             guard let value = Environment(jsonName: environment), value != .unspecified else {
@@ -267,7 +269,7 @@ struct SubmitPurchaseCommand: AsyncParsableCommand {
             guard self.product == nil, self.package == nil else {
                 throw ValidationError("--product and --package go with --googleplay-token, not --appstore-jws")
             }
-            request.purchase = .appStore(AppStorePurchase(signedTransaction: try Self.read(path)))
+            request.purchase = .appStore(AppStorePurchase(signedTransaction: readingJWS ? try Self.read(path) : nil))
         case (nil, let token?):
             guard let product = self.product, let package = self.package else {
                 throw ValidationError("--googleplay-token needs --product (the product id) and --package (the app's package name)")
@@ -303,8 +305,18 @@ struct SubmitPurchaseCommand: AsyncParsableCommand {
             if self.json {
                 print(EntitlementsOutput.json(response))
             } else {
-                let what = response.changed ? "recorded, log sequence \(response.logSequence)" : "recorded already"
+                let what =
+                    if let ignored = response.ignored {
+                        "not recorded (\(ignored))"
+                    } else if response.changed {
+                        "recorded, log sequence \(response.logSequence)"
+                    } else {
+                        "recorded already"
+                    }
                 print("purchase \(what)" + (response.linkedAlias.map { "; \($0) linked to the customer" } ?? ""))
+                if response.environment == .sandbox {
+                    print("sandbox entitlements (a test purchase):")
+                }
                 print(EntitlementsOutput.table(response.entitlements ?? CheckEntitlementsResponse()))
             }
         } catch {

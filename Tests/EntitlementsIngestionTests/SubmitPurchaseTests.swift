@@ -44,7 +44,8 @@ struct SubmitPurchaseTests {
         let jws = try a.certificates.jws(transaction.text)
         let first = try await self.submit(fixture, user: "carl", jws: jws)
         let premium = first.entitlements?.entitlements.first { $0.id == "premium" }
-        #expect(first.changed && first.logSequence > 0 && first.linkedAlias == "appstore:3000")
+        #expect(first.changed && first.logSequence > 0 && first.linkedAlias == "appstore:3000" && first.ignored == nil)
+        #expect(first.environment == .sandbox, "a sandbox transaction is answered for the sandbox, and says so")
         #expect(premium?.isActive == true && premium?.source == .appstore && first.entitlements?.customerId == "carl")
         let again = try await self.submit(fixture, user: "carl", jws: jws)
         #expect(!again.changed && again.entitlements?.entitlements == first.entitlements?.entitlements)
@@ -67,12 +68,35 @@ struct SubmitPurchaseTests {
         let submitted = try await self.submit(fixture, user: token, jws: jws)
         #expect(!submitted.changed && submitted.entitlements?.entitlements.first?.isActive == true)
         let stolen = await self.refusal(fixture, user: "mallory", jws: jws)
-        #expect(stolen?.code == .permissionDenied && stolen?.message.contains("names customer \(token)") == true, "\(String(describing: stolen))")
+        #expect(stolen?.code == .permissionDenied && stolen?.message.contains("names another customer") == true, "\(String(describing: stolen))")
+        #expect(stolen?.message.contains(token) == false, "another customer's id is never said")
         let other = a.transaction("4100", original: "4100", token: nil, purchased: -1)
         _ = try await self.submit(fixture, user: "erin", jws: try a.certificates.jws(other.text))
         let taken = await self.refusal(fixture, user: "mallory", jws: try a.certificates.jws(other.text))
-        #expect(taken?.code == .permissionDenied && taken?.message.contains("belongs to customer erin") == true, "\(String(describing: taken))")
+        #expect(taken?.code == .permissionDenied && taken?.message.contains("belongs to another customer") == true, "\(String(describing: taken))")
         #expect(try fixture.record("mallory") == nil)
+        try await fixture.stop()
+    }
+
+    @Test("an appAccountToken that is not the user and names nobody is refused, submitted first or notified first; linked to the user first, it is taken")
+    func unlinkedToken() async throws {
+        let fixture = try await WebhookFixture(now: self.apple.base, appStore: try self.apple.settings)
+        let a = self.apple
+        let token = "8c2f4a6b-0000-4000-8000-0000000000d1"
+        let jws = try a.certificates.jws(a.transaction("6000", original: "6000", token: token, purchased: -1).text)
+        let first = await self.refusal(fixture, user: "gina", jws: jws)
+        #expect(first?.code == .permissionDenied && first?.message.contains("names no customer") == true, "\(String(describing: first))")
+        #expect(try fixture.record("gina") == nil)
+        // Notified first: the notification makes a customer under the token; gina's
+        // submission is refused the same.
+        let other = try a.certificates.jws(a.transaction("6100", original: "6100", token: "8c2f4a6b-0000-4000-8000-0000000000d2", purchased: -1).text)
+        let transaction = a.transaction("6100", original: "6100", token: "8c2f4a6b-0000-4000-8000-0000000000d2", purchased: -1)
+        _ = await fixture.deliverAppStore(try a.notification("SUBSCRIBED", subtype: "INITIAL_BUY", uuid: "n-6100", at: 0, transaction: transaction, renewal: a.renewal(original: "6100", renews: true)))
+        #expect(await self.refusal(fixture, user: "gina", jws: other)?.code == .permissionDenied)
+        // Linked to gina first, the token is hers.
+        _ = try await fixture.write(.linkAlias(LinkAliasRequest(userId: "gina", alias: token)))
+        let taken = try await self.submit(fixture, user: "gina", jws: jws)
+        #expect(taken.changed && taken.entitlements?.customerId == "gina")
         try await fixture.stop()
     }
 

@@ -577,6 +577,31 @@ try:
     check(status == 400 and "not to other_sub" in answer.get("message", ""), "a token of another product: invalid_argument: %r" % (answer,))
     status, answer = submit("wes", "tok-vera", package="com.other.app")
     check(status == 400 and "com.other.app" in answer.get("message", ""), "another package: invalid_argument: %r" % (answer,))
+    # The account id must be the user or name the user's customer; a replaced purchase's
+    # owner keeps the new one.
+    fake.set_subscription(PACKAGE, "tok-zed", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9920-0000-0000-00001", account="hash-of-zed"))
+    status, answer = submit("zed", "tok-zed")
+    check(status == 403 and "names no customer" in answer.get("message", ""), "an account id that names nobody is refused: %r" % (answer,))
+    link("zed", "hash-of-zed")
+    status, answer = submit("zed", "tok-zed")
+    check(status == 200 and answer["changed"] is True, "linked to the user first, it is taken")
+    fake.set_subscription(PACKAGE, "tok-v1", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9930-0000-0000-00001", account="vince"))
+    push(sub_note("tok-v1", 4))
+    fake.set_subscription(PACKAGE, "tok-v2", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 50 * DAY, "GPA.9931-0000-0000-00001", linked="tok-v1", base_plan="yearly"))
+    status, answer = submit("mallory", "tok-v2")
+    check(status == 403 and "belongs to another customer" in answer.get("message", "") and "vince" not in answer.get("message", ""),
+          "the upgrade of another customer's purchase is refused, the customer not named: %r" % (answer,))
+    fake.set_subscription(PACKAGE, "tok-sandbox", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9940-0000-0000-00001", test=True))
+    status, answer = submit("tina", "tok-sandbox")
+    check(status == 200 and answer["environment"] == "sandbox" and answer["entitlements"]["entitlements"]["premium"]["isActive"],
+          "a test purchase is answered for the sandbox, and says so: %r" % (answer.get("environment"),))
+    fake.set_product(PACKAGE, "lifetime", "tok-pend", {"purchaseTimeMillis": str(NOW), "purchaseState": 2, "acknowledgementState": 0})
+    status, answer = submit("tina", "tok-pend", product="lifetime")
+    check(status == 200 and answer["changed"] is False and answer["ignored"] == "pending", "a pending purchase is not recorded, and the answer says why: %r" % (answer.get("ignored"),))
+    result = subprocess.run([ENT, "submit-purchase", "--server", "127.0.0.1:%d" % server.tcp, "--user", "tina", "--appstore-jws", "-"],
+                            input="eyJhbGciOiJFUzI1NiJ9.e30.c2ln\n", capture_output=True, text=True, timeout=30)
+    check(result.returncode == 1 and "App Store purchases are not verified by this server" in result.stdout,
+          "the CLI reads the JWS from standard input and the server says what it lacks: %s" % (result.stdout + result.stderr).strip())
     fake.set_product(PACKAGE, "lifetime", "tok-xena", {"purchaseTimeMillis": str(NOW - DAY), "purchaseState": 0, "acknowledgementState": 0, "orderId": "GPA.9910-0000-0000-00001"})
     result = subprocess.run([ENT, "submit-purchase", "--server", "127.0.0.1:%d" % server.tcp, "--user", "xena", "--googleplay-token", "tok-xena",
                              "--product", "lifetime", "--package", PACKAGE, "--json"], capture_output=True, text=True, timeout=30)
@@ -585,7 +610,7 @@ try:
     result = subprocess.run([ENT, "submit-purchase", "--server", "127.0.0.1:%d" % server.tcp, "--user", "xena", "--googleplay-token", "tok-xena"], capture_output=True, text=True, timeout=30)
     check(result.returncode != 0 and "--googleplay-token needs --product" in result.stdout + result.stderr, "the CLI says what a Play purchase needs")
     check(metric("entitlements_submitted_purchases_total", store="googleplay", outcome="applied") >= 2
-          and metric("entitlements_submitted_purchases_total", store="googleplay", outcome="rejected", reason="other_customer") == 1, "submissions are counted by outcome and reason")
+          and metric("entitlements_submitted_purchases_total", store="googleplay", outcome="rejected", reason="other_customer") == 3, "submissions are counted by outcome and reason")
 
     # kill -9 right after a notification was answered: nothing acknowledged is lost.
     fake.set_subscription(PACKAGE, "tok-sam", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9600-0000-0000-00001", account="sam"))

@@ -427,6 +427,8 @@ extension SubmitPurchaseResponse: ProtoJSONDecodable {
         self.logSequence = try object.uint64("logSequence", "log_sequence")
         self.changed = try object.bool("changed", "changed")
         self.linkedAlias = try object.string("linkedAlias", "linked_alias")
+        self.environment = try object.enumeration("environment", "environment", as: Environment.self) ?? .unspecified
+        self.ignored = try object.string("ignored", "ignored")
         try object.finish()
     }
 }

@@ -1304,11 +1304,18 @@ public struct SubmitPurchaseResponse: Sendable, Hashable {
     public var entitlements: CheckEntitlementsResponse? = nil
     /// The log sequence of the purchase's last write; 0 when it changed nothing.
     public var logSequence: UInt64 = 0
-    /// False when the purchase was recorded already. Always sent.
+    /// False when nothing changed: recorded already, or not recorded (`ignored`).
+    /// Always sent.
     public var changed: Bool = false
     /// The store's alias of the purchase now linked to the customer
     /// (appstore:ORIGINAL_TRANSACTION_ID, googleplay:TOKEN).
     public var linkedAlias: String? = nil
+    /// The environment `entitlements` is for: the request's, or the purchase's own
+    /// (SANDBOX for a sandbox or test purchase: never unlock production on it).
+    public var environment: Environment = .unspecified
+    /// Set when the purchase was not recorded, and why: "consumable",
+    /// "non_renewing_subscription", "pending", "canceled", ... (docs/ingestion.md).
+    public var ignored: String? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -1318,12 +1325,16 @@ public struct SubmitPurchaseResponse: Sendable, Hashable {
         entitlements: CheckEntitlementsResponse? = nil,
         logSequence: UInt64 = 0,
         changed: Bool = false,
-        linkedAlias: String? = nil
+        linkedAlias: String? = nil,
+        environment: Environment = .unspecified,
+        ignored: String? = nil
     ) {
         self.entitlements = entitlements
         self.logSequence = logSequence
         self.changed = changed
         self.linkedAlias = linkedAlias
+        self.environment = environment
+        self.ignored = ignored
     }
 }
 
@@ -1363,6 +1374,8 @@ extension SubmitPurchaseResponse: ProtobufCBacked {
         self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
         self.changed = c.has_changed != 0 && c.changed != 0
         self.linkedAlias = try liftString(c.linked_alias, field: "linked_alias")
+        self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
+        self.ignored = try liftString(c.ignored, field: "ignored")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -1372,6 +1385,8 @@ extension SubmitPurchaseResponse: ProtobufCBacked {
         if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
         c.pointee.has_changed = 1; c.pointee.changed = self.changed ? 1 : 0
         c.pointee.linked_alias = try arena.lowerString(self.linkedAlias, field: "linked_alias")
+        if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
+        c.pointee.ignored = try arena.lowerString(self.ignored, field: "ignored")
         return c
     }
 }

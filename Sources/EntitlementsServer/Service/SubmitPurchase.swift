@@ -15,17 +15,24 @@ public protocol PurchaseVerifier: Sendable {
 public struct SubmittedPurchase: Sendable, Hashable {
     /// The log sequence of its last write that changed something; 0 when none did.
     public var logSequence: UInt64
+    /// The log sequence the answer's check must have applied: the highest any of its writes
+    /// answered (in fleet mode an unchanged write names the customer's last).
+    public var readSequence: UInt64
     public var changed: Bool
     /// The store's alias of the purchase, now linked to the customer.
     public var linkedAlias: String?
     /// The environment the purchase counts in (a test purchase: sandbox).
     public var environment: Environment
+    /// Why the purchase was not recorded, when it was not.
+    public var ignored: String?
 
-    public init(logSequence: UInt64, changed: Bool, linkedAlias: String?, environment: Environment) {
+    public init(logSequence: UInt64, readSequence: UInt64, changed: Bool, linkedAlias: String?, environment: Environment, ignored: String? = nil) {
         self.logSequence = logSequence
+        self.readSequence = readSequence
         self.changed = changed
         self.linkedAlias = linkedAlias
         self.environment = environment
+        self.ignored = ignored
     }
 }
 
@@ -46,6 +53,8 @@ extension EntitlementMethods {
             )
         }
         let eventLoop = context.eventLoop
+        // The answer's check runs on the caller's loop, where the futures below complete.
+        let call = NIOLoopBound(context, eventLoop: eventLoop)
         let submitted = eventLoop.makePromise(of: Result<SubmittedPurchase, ServiceError>.self)
         submitted.completeWithTask { await verifier.submit(request, methods: self, on: eventLoop) }
         let answer = submitted.futureResult.flatMap { result -> EventLoopFuture<Result<SubmitPurchaseResponse, ServiceError>> in
@@ -53,13 +62,10 @@ extension EntitlementMethods {
             case .failure(let error):
                 return eventLoop.makeSucceededFuture(.failure(error))
             case .success(let purchase):
-                let check = CheckEntitlementsRequest(
-                    userId: request.userId,
-                    environment: request.environment == .unspecified ? purchase.environment : request.environment,
-                    minLogSequence: purchase.logSequence
-                )
+                let environment = request.environment == .unspecified ? purchase.environment : request.environment
+                let check = CheckEntitlementsRequest(userId: request.userId, environment: environment, minLogSequence: purchase.readSequence)
                 let checked: EventLoopFuture<Result<CheckAnswer, ServiceError>> =
-                    switch self.checkEntitlements(check, context) {
+                    switch self.checkEntitlements(check, call.value) {
                     case .now(let result): eventLoop.makeSucceededFuture(result)
                     case .later(let future): future
                     }
@@ -68,7 +74,8 @@ extension EntitlementMethods {
                         do {
                             return .success(
                                 SubmitPurchaseResponse(
-                                    entitlements: try answer.response(), logSequence: purchase.logSequence, changed: purchase.changed, linkedAlias: purchase.linkedAlias
+                                    entitlements: try answer.response(), logSequence: purchase.logSequence, changed: purchase.changed,
+                                    linkedAlias: purchase.linkedAlias, environment: environment, ignored: purchase.ignored
                                 )
                             )
                         } catch {

@@ -2272,7 +2272,7 @@ const ProtobufCMessageDescriptor entitlements__v1__google_play_purchase__descrip
   (ProtobufCMessageInit) entitlements__v1__google_play_purchase__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_response__field_descriptors[4] =
+static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_response__field_descriptors[6] =
 {
   {
     "entitlements",
@@ -2322,17 +2322,43 @@ static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_response
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "environment",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, has_environment),
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, environment),
+    &entitlements__v1__environment__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ignored",
+    6,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, ignored),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__submit_purchase_response__field_indices_by_name[] = {
   2,   /* field[2] = changed */
   0,   /* field[0] = entitlements */
+  4,   /* field[4] = environment */
+  5,   /* field[5] = ignored */
   3,   /* field[3] = linked_alias */
   1,   /* field[1] = log_sequence */
 };
 static const ProtobufCIntRange entitlements__v1__submit_purchase_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_response__descriptor =
 {
@@ -2342,7 +2368,7 @@ const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_response__des
   "Entitlements__V1__SubmitPurchaseResponse",
   "entitlements.v1",
   sizeof(Entitlements__V1__SubmitPurchaseResponse),
-  4,
+  6,
   entitlements__v1__submit_purchase_response__field_descriptors,
   entitlements__v1__submit_purchase_response__field_indices_by_name,
   1,  entitlements__v1__submit_purchase_response__number_ranges,

@@ -491,7 +491,8 @@ struct  Entitlements__V1__SubmitPurchaseResponse
   protobuf_c_boolean has_log_sequence;
   uint64_t log_sequence;
   /*
-   * False when the purchase was recorded already. Always sent.
+   * False when nothing changed: recorded already, or not recorded (`ignored`).
+   * Always sent.
    */
   protobuf_c_boolean has_changed;
   protobuf_c_boolean changed;
@@ -500,10 +501,21 @@ struct  Entitlements__V1__SubmitPurchaseResponse
    * (appstore:ORIGINAL_TRANSACTION_ID, googleplay:TOKEN).
    */
   char *linked_alias;
+  /*
+   * The environment `entitlements` is for: the request's, or the purchase's own
+   * (SANDBOX for a sandbox or test purchase: never unlock production on it).
+   */
+  protobuf_c_boolean has_environment;
+  Entitlements__V1__Environment environment;
+  /*
+   * Set when the purchase was not recorded, and why: "consumable",
+   * "non_renewing_subscription", "pending", "canceled", ... (docs/ingestion.md).
+   */
+  char *ignored;
 };
 #define ENTITLEMENTS__V1__SUBMIT_PURCHASE_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__submit_purchase_response__descriptor) \
-    , NULL, 0, 0, 0, 0, NULL }
+    , NULL, 0, 0, 0, 0, NULL, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, NULL }
 
 
 /*

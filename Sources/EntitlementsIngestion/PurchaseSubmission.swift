@@ -44,11 +44,12 @@ extension WebhookIngestion: PurchaseVerifier {
         } catch {
             return Submission(outcome: Self.outcome(of: error))
         }
-        guard case .record(let record) = recorded else {
-            if case .ignore(let reason) = recorded {
-                return Submission(outcome: .ignored(reason))
-            }
-            return Submission(outcome: .ignored(""))
+        let record: Transaction
+        switch recorded {
+        case .record(let recorded):
+            record = recorded
+        case .ignore(let reason):
+            return Submission(outcome: .ignored(reason), environment: AppStoreNotifications.environment(transaction["environment"].string))
         }
         let alias = AppStoreNotifications.alias(ofOriginalTransaction: record.originalTransactionId ?? "")
         let token = transaction["appAccountToken"].string.flatMap { $0.isEmpty ? nil : $0.lowercased() }
@@ -90,11 +91,13 @@ extension WebhookIngestion: PurchaseVerifier {
         } catch {
             return Submission(outcome: Self.outcome(of: error))
         }
-        guard case .apply(let identity, let writes) = plan else {
-            if case .ignore(let reason) = plan {
-                return Submission(outcome: .ignored(reason))
-            }
-            return Submission(outcome: .ignored(""))
+        let identity: StoreIdentity
+        let writes: [StoreWrite]
+        switch plan {
+        case .apply(let planned, let planWrites):
+            (identity, writes) = (planned, planWrites)
+        case .ignore(let reason):
+            return Submission(outcome: .ignored(reason))
         }
         let alias = PlayNotifications.alias(ofToken: token)
         var accountId: [String]?

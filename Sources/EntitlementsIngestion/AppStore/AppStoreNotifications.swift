@@ -211,7 +211,7 @@ public struct AppStoreNotifications: Sendable {
     }
 
     /// Apple's `environment`: Production, or a test one (Sandbox, Xcode, LocalTesting).
-    private static func environment(_ value: String?) -> Environment {
+    static func environment(_ value: String?) -> Environment {
         value == "Production" ? .production : .sandbox
     }
 }

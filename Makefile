@@ -112,6 +112,7 @@ test-doors: deps
 test-ingestion: deps
 	$(SWIFT) build --product entitlements
 	python3 Tests/googleplay/test_googleplay.py .build/debug/entitlements
+	python3 Tests/appstore/test_appstore.py .build/debug/entitlements
 
 # The shim's tests under AddressSanitizer (with LeakSanitizer): every unpacked message
 # and every arena chunk must be freed. A separate scratch path keeps the normal build.

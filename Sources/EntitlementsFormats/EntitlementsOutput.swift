@@ -73,6 +73,7 @@ public enum EntitlementsOutput {
             ("type", .name(transaction.type)),
             ("priceMicros", transaction.priceMicros.map { .int($0) } ?? .null),
             ("currency", .string(transaction.currency)),
+            ("verified", .bool(transaction.verified == true)),
         ])
     }
 
@@ -120,7 +121,7 @@ public enum EntitlementsOutput {
     }
 
     /// SubmitPurchase's answer as one JSON line: the purchase's write (`changed`,
-    /// `logSequence`, `linkedAlias`, `ignored`), the user and customer, the environment of
+    /// `logSequence`, `linkedAlias`, `ignored`, `transactions`), the user and customer, the environment of
     /// the answer, and under `entitlements` the answer of a check, as `check --json` prints it.
     public static func json(_ response: SubmitPurchaseResponse) -> String {
         let check = response.entitlements ?? CheckEntitlementsResponse()
@@ -132,6 +133,7 @@ public enum EntitlementsOutput {
             ("linkedAlias", .string(response.linkedAlias)),
             ("environment", .name(response.environment)),
             ("ignored", .string(response.ignored)),
+            ("transactions", .int(Int64(response.transactions))),
             ("entitlements", Self.checkValue(check)),
         ]).serialized(pretty: false)
     }

@@ -173,6 +173,8 @@ private struct TransactionJSON: Decodable {
     var offerCode: String?
     var priceMicros: Int64?
     var currency: String?
+    /// Written by the store's own record (exported data); a hand-made file leaves it out.
+    var verified: Bool?
 }
 
 private struct SubscriptionJSON: Decodable {
@@ -383,7 +385,8 @@ extension TransactionJSON {
             ownershipType: self.ownershipType?.value ?? .owner,
             type: self.type.value,
             priceMicros: self.priceMicros,
-            currency: self.currency
+            currency: self.currency,
+            verified: self.verified ?? false
         )
     }
 }

@@ -43,6 +43,7 @@ extension CustomersFile {
                     ("offerCode", .string(transaction.offerCode)),
                     ("priceMicros", transaction.priceMicros.map { .int($0) } ?? .null),
                     ("currency", .string(transaction.currency)),
+                    ("verified", transaction.verified == true ? .bool(true) : .null),
                 ])
             })),
             ("subscriptions", .array(record.subscriptions.map { state in

@@ -43,6 +43,9 @@ public enum RejectionReason: String, Sendable, Hashable, CaseIterable {
     /// Google Play: the Play Developer API does not know the purchase token (404), or no
     /// longer does (410, 60 days after it expired).
     case unknownToken = "unknown_token"
+    /// The App Store Server API does not know the transaction id (404, or 400 for an id
+    /// that cannot be one) in the environment and app asked.
+    case unknownTransaction = "unknown_transaction"
     /// SubmitPurchase: the purchase belongs to another customer (its account token or
     /// account id names another, or its alias is linked to another).
     case otherCustomer = "other_customer"
@@ -118,6 +121,10 @@ enum StoreWrite: Sendable, Hashable {
     /// Replaces the chain's renewal state unless a newer event's state is stored
     /// (`event_date`); with `ended_date`, the write rules revoke what runs past the end.
     case state(SubscriptionState)
+    /// As `state`, but written only when it says something the stored state does not (a
+    /// newer `event_date` alone is not news): a state read from the store's API again and
+    /// again (SubmitPurchase) changes nothing while the chain does not.
+    case stateIfNew(SubscriptionState)
     /// A state in billing retry whose `billing_issue_detected_date` the store does not give
     /// (Google Play): kept from the stored state when it had one, else the end of the
     /// chain's latest recorded period, else now.
@@ -174,7 +181,7 @@ extension StoreEventPlan {
                     ("the original transaction id", transaction.originalTransactionId),
                     ("the product id", transaction.productId),
                 ]
-            case .state(let state), .stateWithBillingIssue(let state):
+            case .state(let state), .stateWithBillingIssue(let state), .stateIfNew(let state):
                 ids.append(("the original transaction id", state.originalTransactionId))
             case .revokeTransaction(_, let transactionId, _):
                 ids.append(("the refunded transaction id", transactionId))

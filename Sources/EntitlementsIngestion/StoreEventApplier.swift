@@ -118,6 +118,12 @@ struct StoreEventApplier: Sendable {
             return [.linkAlias(LinkAliasRequest(userId: user, alias: alias, transfer: false))]
         case .state(let state):
             return [.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: state))]
+        case .stateIfNew(let state):
+            let stored = try self.record(user, context)?.subscriptions.last { $0.store == state.store && $0.originalTransactionId == state.originalTransactionId }
+            if let stored, Self.sameNews(stored, state) {
+                return []
+            }
+            return [.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: user, state: state))]
         case .stateWithBillingIssue(var state):
             let record = try self.record(user, context)
             let stored = record?.subscriptions.last { $0.store == state.store && $0.originalTransactionId == state.originalTransactionId }
@@ -128,7 +134,10 @@ struct StoreEventApplier: Sendable {
             if let stored = try self.record(user, context)?.transactions.first(where: { $0.store == transaction.store && $0.transactionId == transaction.transactionId }) {
                 var comparable = stored
                 comparable.revocationDate = transaction.revocationDate
-                if comparable != transaction {
+                if stored.verified != true, transaction.verified == true {
+                    // A caller wrote it first: the store's record completes it (the write
+                    // rules let a verified record replace an unverified one).
+                } else if comparable != transaction {
                     // Recorded with other values (the write rules let only a revocation
                     // change): the stored period stays, the rest of the event applies, and
                     // so does a refund or its reversal.
@@ -181,6 +190,25 @@ struct StoreEventApplier: Sendable {
             transaction.revocationDate = date
             return [.recordTransaction(RecordTransactionRequest(userId: user, transaction: transaction))]
         }
+    }
+
+    /// Whether `incoming` says nothing `stored` does not: the same state but for its date,
+    /// and for what the write rules keep from the stored state when the incoming one is
+    /// silent (when auto-renew went off, and why).
+    static func sameNews(_ stored: SubscriptionState, _ incoming: SubscriptionState) -> Bool {
+        guard let storedDate = stored.eventDate, let incomingDate = incoming.eventDate, incomingDate >= storedDate else {
+            return false
+        }
+        var comparable = incoming
+        comparable.eventDate = stored.eventDate
+        comparable.endedDate = comparable.endedDate ?? stored.endedDate
+        if comparable.autoRenewEnabled == false, stored.autoRenewEnabled == false {
+            comparable.autoRenewDisabledDate = comparable.autoRenewDisabledDate ?? stored.autoRenewDisabledDate
+            if comparable.cancellationReason == .unspecified {
+                comparable.cancellationReason = stored.cancellationReason
+            }
+        }
+        return comparable == stored
     }
 
     /// A refund of a transaction not recorded: a retry while the payment may still come,

@@ -47,20 +47,24 @@ public final class WebhookIngestion: Sendable {
     private let stripe: (verifier: StripeSignatureVerifier, events: StripeEvents)?
     let appStore: (verifier: AppStoreJWSVerifier, notifications: AppStoreNotifications)?
     let googlePlay: GooglePlay?
+    /// The App Store Server API, when its key is given (`--appstore-api-key`).
+    let appStoreAPI: AppStoreServerAPI?
     private let clock: @Sendable () -> Int64
     private let factory: any MetricsFactory
     private let counters = Mutex<[String: Counter]>([:])
     private let serial = AsyncSerializer()
-    private let logger = Logger(label: "entitlements.webhooks")
+    let logger = Logger(label: "entitlements.webhooks")
 
     /// `clock` is the current Unix time in seconds (for the signature tolerance); default: the wall clock.
     public init(
         stripe: StripeWebhookSettings?,
         appStore: AppStoreWebhookSettings? = nil,
         googlePlay: GooglePlay? = nil,
+        appStoreAPI: AppStoreServerAPI? = nil,
         factory: any MetricsFactory = MetricsSystem.factory,
         clock: (@Sendable () -> Int64)? = nil
     ) {
+        self.appStoreAPI = appStoreAPI
         self.stripe = stripe.map {
             (StripeSignatureVerifier(secrets: $0.secrets, tolerance: $0.tolerance), StripeEvents(customerKey: $0.customerKey))
         }

@@ -248,8 +248,25 @@ public struct CustomerMutation {
             if known == transaction {
                 return effect  // the same transaction again: nothing to do
             }
+            if known.verified != true, transaction.verified == true {
+                // The store's verified record completes what a caller wrote first (no
+                // price, a guessed expiry): every field is the store's.
+                record.transactions[index] = transaction
+                effect.records[customerId] = record
+                return effect
+            }
             var withRevocation = known
             withRevocation.revocationDate = transaction.revocationDate
+            if known.verified == true, transaction.verified != true {
+                // A caller's write of what the store verified: the store's fields stand;
+                // only a refund (or its reversal) by hand applies.
+                if withRevocation == known {
+                    return effect
+                }
+                transaction = withRevocation
+                logged.transaction = transaction
+                effect.logged = .recordTransaction(logged)
+            }
             guard withRevocation == transaction else {
                 throw WriteRefusal(
                     .failedPrecondition,
@@ -502,6 +519,7 @@ public struct CustomerMutation {
         if a.type != b.type { fields.append("type") }
         if a.priceMicros != b.priceMicros { fields.append("price_micros") }
         if a.currency != b.currency { fields.append("currency") }
+        if a.verified != b.verified { fields.append("verified") }
         return fields.joined(separator: ", ")
     }
 }

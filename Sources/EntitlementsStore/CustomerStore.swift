@@ -418,6 +418,39 @@ public final class CustomerStore: Sendable {
         }
     }
 
+    /// Calls `body` with every customer's current record, once each, in no set order: the
+    /// snapshot's records (those a write replaced since, as written) and then the customers
+    /// only written since. It reads one moment's overlay and the snapshot of that moment,
+    /// so writes made meanwhile may be missed; it decodes every record (docs/operations.md
+    /// says what a scan costs). `body` returns false to stop.
+    public func forEachCustomer(_ body: (CustomerRecord) throws -> Bool) throws {
+        let (overlay, snapshot) = self.state.withLock { ($0.committed, $0.snapshot) }
+        var replaced = Set<ExactId>()
+        var going = true
+        struct Stop: Error {}
+        do {
+            try snapshot.forEachRecord { record, _ in
+                guard let id = record.id.map(ExactId.init) else { return }
+                if let entry = overlay.customers[id] {
+                    replaced.insert(id)
+                    if let current = entry.record {
+                        going = try body(current)
+                    }
+                } else {
+                    going = try body(record)
+                }
+                if !going { throw Stop() }
+            }
+        } catch is Stop {
+            return
+        }
+        for (id, entry) in overlay.customers where !replaced.contains(id) {
+            if let record = entry.record, try !body(record) {
+                return
+            }
+        }
+    }
+
     /// The customers written after `sequence`, if the overlay still knows them all (nil
     /// when `sequence` is older than the snapshot's last sequence: compaction folded the
     /// writes in between, and the snapshot does not say whom they touched).

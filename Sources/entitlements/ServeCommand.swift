@@ -101,6 +101,20 @@ struct ServeCommand: AsyncParsableCommand {
     var appstoreRootCert: String?
     @Option(help: "The bundle ids of the apps whose App Store notifications are accepted, comma-separated. Required with --appstore-root-cert.")
     var appstoreBundleId: String?
+    @Option(help: "The App Store Server API's in-app purchase key (.p8, from App Store Connect): reads renewal states on SubmitPurchase, histories (appstore sync) and missed notifications.")
+    var appstoreApiKey: String?
+    @Option(help: "The id of --appstore-api-key.")
+    var appstoreKeyId: String?
+    @Option(help: "Your team's issuer id for the App Store Server API.")
+    var appstoreIssuerId: String?
+    @Option(help: "The App Store Server API's production base URL (default https://api.storekit.itunes.apple.com).")
+    var appstoreApiUrl: String?
+    @Option(help: "The App Store Server API's sandbox base URL (default https://api.storekit-sandbox.itunes.apple.com).")
+    var appstoreSandboxApiUrl: String?
+    @Option(help: "With --appstore-api-key: how often to scan for App Store subscriptions whose notice never came (default 15m; off: never).")
+    var appstoreRecheckInterval: String?
+    @Option(help: "The most App Store Server API reads a minute the recheck makes (default 60).")
+    var appstoreRecheckRate: String?
     @Option(help: "The Android package names whose Google Play notifications are accepted, comma-separated (docs/ingestion.md).")
     var googleplayPackage: String?
     @Option(help: "The Google service account's JSON key file, as Google issues it: reads purchases with the Play Developer API and pulls from Pub/Sub.")
@@ -184,7 +198,9 @@ struct ServeCommand: AsyncParsableCommand {
             ("idle-timeout", self.idleTimeout), ("frame-timeout", self.frameTimeout), ("drain-timeout", self.drainTimeout),
             ("admin", self.admin), ("grpc-listen", self.grpcListen), ("webhooks-listen", self.webhooksListen),
             ("stripe-webhook-secret-file", self.stripeWebhookSecretFile), ("stripe-customer-key", self.stripeCustomerKey),
-            ("appstore-root-cert", self.appstoreRootCert), ("appstore-bundle-id", self.appstoreBundleId),
+            ("appstore-root-cert", self.appstoreRootCert), ("appstore-bundle-id", self.appstoreBundleId), ("appstore-api-key", self.appstoreApiKey),
+            ("appstore-key-id", self.appstoreKeyId), ("appstore-issuer-id", self.appstoreIssuerId), ("appstore-api-url", self.appstoreApiUrl),
+            ("appstore-sandbox-api-url", self.appstoreSandboxApiUrl), ("appstore-recheck-interval", self.appstoreRecheckInterval), ("appstore-recheck-rate", self.appstoreRecheckRate),
             ("googleplay-package", self.googleplayPackage), ("googleplay-service-account", self.googleplayServiceAccount), ("googleplay-api-url", self.googleplayApiUrl),
             ("googleplay-push-audience", self.googleplayPushAudience), ("googleplay-push-service-account", self.googleplayPushServiceAccount),
             ("googleplay-jwks-url", self.googleplayJwksUrl), ("googleplay-pubsub-subscription", self.googleplayPubsubSubscription), ("googleplay-pubsub-url", self.googleplayPubsubUrl),
@@ -304,12 +320,18 @@ struct ServeCommand: AsyncParsableCommand {
         // The store webhooks, and Google Play's client (made before the server: its pull
         // starts once the server runs).
         let webhooks: (door: ServerDoor?, ingestion: WebhookIngestion?)
+        let recheck: (interval: Duration, perMinute: Int)?
         do {
             var play: GooglePlay?
             if let playSettings = try settings.googlePlay() {
                 play = await GooglePlay(settings: playSettings)
             }
-            webhooks = try settings.webhooks(factory: factory, security: security.webhooks, googlePlay: play)
+            var appStoreAPI: AppStoreServerAPI?
+            if let apiSettings = try settings.appStoreAPI() {
+                appStoreAPI = await AppStoreServerAPI(settings: apiSettings)
+            }
+            recheck = try settings.appStoreRecheck()
+            webhooks = try settings.webhooks(factory: factory, security: security.webhooks, googlePlay: play, appStoreAPI: appStoreAPI)
         } catch {
             Self.say("error: cannot serve: \(error)")
             throw ExitCode(2)
@@ -388,6 +410,12 @@ struct ServeCommand: AsyncParsableCommand {
             // Stopped first (services stop in reverse order): no message is taken once the drain starts.
             services.append(.init(service: puller, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
             Self.say("googleplay pulling from \(settings.text("googleplay-pubsub-subscription") ?? "?")")
+        }
+        if let ingestion = webhooks.ingestion, let recheck,
+            let rechecker = AppStoreRecheck(ingestion: ingestion, methods: server.methods, eventLoop: server.group.next(), interval: recheck.interval, perMinute: recheck.perMinute)
+        {
+            services.append(.init(service: rechecker, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
+            Self.say("appstore recheck every \(settings.text("appstore-recheck-interval") ?? "15m"), at most \(recheck.perMinute) reads a minute")
         }
         var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .nanoseconds(drainTimeout.nanoseconds)

@@ -70,6 +70,13 @@ struct ServeSettings {
         Key(name: "stripe-customer-key", defaultValue: "user_id", help: "the metadata key naming the user id on Stripe subscriptions and customers"),
         Key(name: "appstore-root-cert", defaultValue: nil, help: "Apple Root CA - G3 (PEM or DER) App Store notifications must chain to; turns on POST /webhooks/appstore"),
         Key(name: "appstore-bundle-id", defaultValue: nil, help: "the app bundle ids whose App Store notifications are accepted, comma-separated"),
+        Key(name: "appstore-api-key", defaultValue: nil, help: "the App Store Server API's in-app purchase key (.p8): reads renewal states, histories and missed notifications from Apple (docs/ingestion.md)"),
+        Key(name: "appstore-key-id", defaultValue: nil, help: "the id of --appstore-api-key, from App Store Connect"),
+        Key(name: "appstore-issuer-id", defaultValue: nil, help: "your team's issuer id for the App Store Server API, from App Store Connect"),
+        Key(name: "appstore-api-url", defaultValue: "https://api.storekit.itunes.apple.com", help: "the App Store Server API's production base URL (a test's fake)"),
+        Key(name: "appstore-sandbox-api-url", defaultValue: "https://api.storekit-sandbox.itunes.apple.com", help: "the App Store Server API's sandbox base URL (a test's fake)"),
+        Key(name: "appstore-recheck-interval", defaultValue: "15m", help: "with --appstore-api-key, how often the customers are scanned for App Store chains whose notice never came (off: never)"),
+        Key(name: "appstore-recheck-rate", defaultValue: "60", help: "the most App Store Server API reads a minute the recheck makes, 1 to 3000"),
         Key(name: "googleplay-package", defaultValue: nil, help: "the Android package names whose Google Play notifications are accepted, comma-separated (docs/ingestion.md)"),
         Key(name: "googleplay-service-account", defaultValue: nil, help: "the Google service account's JSON key file, as Google issues it: reads purchases with the Play Developer API, pulls from Pub/Sub"),
         Key(name: "googleplay-api-url", defaultValue: "https://androidpublisher.googleapis.com", help: "the Play Developer API's base URL (a private proxy, or a test's fake)"),
@@ -448,6 +455,8 @@ struct ServeSettings {
         _ = try self.address("admin")
         _ = try self.address("grpc-listen")
         _ = try self.webhooks()
+        _ = try self.appStoreAPI()
+        _ = try self.appStoreRecheck()
         _ = try self.tracing()
         _ = try self.logLevel()
         _ = try self.integer("threads", in: 1...1_024)
@@ -551,6 +560,44 @@ extension ServeSettings {
         }
     }
 
+    /// --appstore-api-key with its id, issuer and URLs; nil when the App Store Server API
+    /// is not used. The key is read and checked here.
+    func appStoreAPI() throws -> AppStoreAPISettings? {
+        let names = ["appstore-api-key", "appstore-key-id", "appstore-issuer-id"]
+        let given = names.filter { self.text($0) != nil }
+        guard !given.isEmpty else {
+            return nil
+        }
+        guard let path = self.text("appstore-api-key"), let keyId = self.text("appstore-key-id"), let issuerId = self.text("appstore-issuer-id") else {
+            throw ValidationError("\(self.origin(given[0])) needs all of --appstore-api-key FILE, --appstore-key-id ID and --appstore-issuer-id ID (App Store Connect, Users and Access, Integrations)")
+        }
+        guard self.text("appstore-root-cert") != nil else {
+            throw ValidationError("--appstore-api-key needs --appstore-root-cert and --appstore-bundle-id: Apple's answers are signed like its notifications, and checked the same way")
+        }
+        do {
+            return try AppStoreAPISettings(
+                keyPath: path, keyId: keyId, issuerId: issuerId, productionURL: try self.url("appstore-api-url"), sandboxURL: try self.url("appstore-sandbox-api-url")
+            )
+        } catch let error as ValidationError {
+            throw error
+        } catch {
+            throw ValidationError("\(error)")
+        }
+    }
+
+    /// --appstore-recheck-interval (nil: off) and --appstore-recheck-rate.
+    func appStoreRecheck() throws -> (interval: Duration, perMinute: Int)? {
+        let rate = self.text("appstore-recheck-rate") ?? "60"
+        guard let perMinute = Int(rate), (1...3000).contains(perMinute) else {
+            throw ValidationError("\(self.origin("appstore-recheck-rate")) \"\(rate)\" is not a number of reads a minute from 1 to 3000")
+        }
+        if self.text("appstore-recheck-interval") == "off" {
+            return nil
+        }
+        let interval = try self.duration("appstore-recheck-interval")
+        return (.nanoseconds(interval.nanoseconds), perMinute)
+    }
+
     /// The paths --webhooks-listen serves, for the start-up line.
     func webhookRoutes() -> [String] {
         WebhookIngestion.routes(
@@ -606,7 +653,7 @@ extension ServeSettings {
         return GooglePlaySettings(packages: packages, serviceAccount: account, apiURL: apiURL, push: push, pull: pull)
     }
 
-    /// A URL of Google's: https://, or http:// on a loopback address only (a test's fake, a
+    /// A store's URL (Google's, Apple's): https://, or http:// on a loopback address only (a test's fake, a
     /// local proxy): access tokens and Google's keys travel on it.
     private func url(_ name: String) throws -> String {
         let text = self.text(name) ?? Self.keys.first { $0.name == name }?.defaultValue ?? ""
@@ -640,7 +687,8 @@ extension ServeSettings {
     func webhooks(
         factory: (any MetricsFactory)? = nil,
         security: ListenerSecurity = ListenerSecurity(policy: .open("webhooks")),
-        googlePlay: GooglePlay? = nil
+        googlePlay: GooglePlay? = nil,
+        appStoreAPI: AppStoreServerAPI? = nil
     ) throws -> (door: ServerDoor?, ingestion: WebhookIngestion?) {
         let address = try self.address("webhooks-listen")
         let stripe = try self.stripeWebhooks()
@@ -661,7 +709,7 @@ extension ServeSettings {
             guard self.dataDirectory != nil else {
                 throw ValidationError("--appstore-root-cert needs --data-dir (and, in fleet mode, --postgres): the purchases it verifies are writes")
             }
-            return (nil, WebhookIngestion(stripe: nil, appStore: appStore, googlePlay: googlePlay, factory: factory ?? MetricsSystem.factory))
+            return (nil, WebhookIngestion(stripe: nil, appStore: appStore, googlePlay: googlePlay, appStoreAPI: appStoreAPI, factory: factory ?? MetricsSystem.factory))
         }
         guard stripe != nil || appStore != nil || play?.push != nil else {
             throw ValidationError(
@@ -671,7 +719,7 @@ extension ServeSettings {
         guard self.dataDirectory != nil else {
             throw ValidationError("--webhooks-listen needs --data-dir (and, in fleet mode, --postgres): the events are writes")
         }
-        let ingestion = WebhookIngestion(stripe: stripe, appStore: appStore, googlePlay: googlePlay, factory: factory ?? MetricsSystem.factory)
+        let ingestion = WebhookIngestion(stripe: stripe, appStore: appStore, googlePlay: googlePlay, appStoreAPI: appStoreAPI, factory: factory ?? MetricsSystem.factory)
         return (WebhookListener.door(host: address.host, port: address.port, ingestion: ingestion, security: security), ingestion)
     }
 }

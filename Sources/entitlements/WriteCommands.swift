@@ -298,14 +298,19 @@ struct SubmitPurchaseCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let client = try self.connection.makeClient()
+        try await Self.submit(try self.request(), connection: self.connection, json: self.json, what: "purchase")
+    }
+
+    /// Sends `request` and prints the answer; `what` names the purchase in the text.
+    static func submit(_ request: SubmitPurchaseRequest, connection: ServerOptions, json: Bool, what: String) async throws {
+        let client = try connection.makeClient()
         do {
-            let response = try await client.submitPurchase(try self.request(), timeout: self.connection.timeout)
+            let response = try await client.submitPurchase(request, timeout: connection.timeout)
             await client.close()
-            if self.json {
+            if json {
                 print(EntitlementsOutput.json(response))
             } else {
-                let what =
+                let outcome =
                     if let ignored = response.ignored {
                         "not recorded (\(ignored))"
                     } else if response.changed {
@@ -313,7 +318,8 @@ struct SubmitPurchaseCommand: AsyncParsableCommand {
                     } else {
                         "recorded already"
                     }
-                print("purchase \(what)" + (response.linkedAlias.map { "; \($0) linked to the customer" } ?? ""))
+                let count = response.transactions == 1 ? ", 1 transaction" : ", \(response.transactions) transactions"
+                print("\(what) \(outcome)\(count)" + (response.linkedAlias.map { "; \($0) linked to the customer" } ?? ""))
                 if response.environment == .sandbox {
                     print("sandbox entitlements (a test purchase):")
                 }
@@ -323,6 +329,50 @@ struct SubmitPurchaseCommand: AsyncParsableCommand {
             await client.close()
             print("error: \(error)")
             throw ExitCode(1)
+        }
+    }
+}
+
+/// `entitlements appstore`: the App Store calls that are not a single purchase.
+struct AppStoreCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "appstore",
+        abstract: "App Store work a server does with the App Store Server API.",
+        subcommands: [Sync.self]
+    )
+
+    /// `entitlements appstore sync`: SubmitPurchase with `app_store.transaction_id`.
+    struct Sync: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Record a customer's whole App Store history, read by the server from Apple (Get Transaction History); safe to run again."
+        )
+        @OptionGroup var connection: ServerOptions
+        @Option(help: "The customer id or alias the history is recorded for (a new id creates the customer).") var user: String
+        @Option(help: "Any App Store transaction id of the customer (an original transaction id will do).") var transactionId: String
+        @Option(help: "Where Apple is asked, and the entitlements' environment in the answer: production or sandbox; default: production, then the sandbox.")
+        var environment: String?
+        @Flag(help: "Print JSON.") var json = false
+
+        func validate() throws {
+            _ = try self.request()
+        }
+
+        func request() throws -> SubmitPurchaseRequest {
+            var request = SubmitPurchaseRequest(userId: self.user, purchase: .appStore(AppStorePurchase(transactionId: self.transactionId)))
+            if let environment = self.environment {
+                guard let value = Environment(jsonName: environment), value != .unspecified else {
+                    throw ValidationError("--environment must be production or sandbox, got \"\(environment)\"")
+                }
+                request.environment = value
+            }
+            guard !self.transactionId.isEmpty else {
+                throw ValidationError("--transaction-id: give an App Store transaction id of the customer")
+            }
+            return request
+        }
+
+        func run() async throws {
+            try await SubmitPurchaseCommand.submit(try self.request(), connection: self.connection, json: self.json, what: "history")
         }
     }
 }

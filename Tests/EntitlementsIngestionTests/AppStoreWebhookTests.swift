@@ -42,12 +42,12 @@ struct AppStoreWebhookTests {
         _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: "bob", transaction: Transaction(
             originalTransactionId: "2000", transactionId: "2000", store: .appstore, productId: A.monthly, transactionDate: a.base - 40 * A.day,
             expirationDate: a.base - 10 * A.day, environment: .sandbox, ownershipType: .owner, type: .trialStarted,
-            priceMicros: 9_990_000, currency: "USD"
+            priceMicros: 9_990_000, currency: "USD", verified: true  // as a store writes it
         ))))
         _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: "bob", transaction: Transaction(
             originalTransactionId: "2000", transactionId: "2000-2", store: .appstore, productId: A.monthly, transactionDate: a.base - 10 * A.day,
             expirationDate: a.base + 20 * A.day, environment: .sandbox, ownershipType: .owner, type: .subscriptionRenewed,
-            priceMicros: 9_990_000, currency: "USD"
+            priceMicros: 9_990_000, currency: "USD", verified: true  // as a store writes it
         ))))
         _ = try await fixture.write(.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "bob", state: SubscriptionState(
             store: .appstore, originalTransactionId: "2000", autoRenewEnabled: false, autoRenewDisabledDate: a.signedDate(2), isInBillingRetry: false,
@@ -285,12 +285,12 @@ struct AppStoreWebhookTests {
         try await fixture.stop()
     }
 
-    @Test("a refund applies to a transaction recorded with another period; the stored period stays")
+    @Test("Apple's record completes a transaction the app's backend wrote with another period, its refund included; a different record of Apple's then changes nothing but the refund")
     func refundOfChangedTransaction() async throws {
         let fixture = try await self.fixture()
         let a = self.apple
         let token = "0c1d2e3f-0000-4000-8000-0000000000cc"
-        // Recorded by the app's backend with a period five days longer (an extension).
+        // Recorded by the app's backend with a guessed period, five days longer.
         _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: token, transaction: Transaction(
             originalTransactionId: "9300", transactionId: "9300", store: .appstore, productId: A.monthly, transactionDate: a.base - 10 * A.day,
             expirationDate: a.base + 25 * A.day, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted
@@ -300,10 +300,14 @@ struct AppStoreWebhookTests {
         #expect(answer.status == 200 && answer.body.contains(#""changed":true"#), "\(answer.body)")
         let stored = try fixture.record(token)?.transactions.first
         #expect(stored?.revocationDate == a.base - A.day)
-        #expect(stored?.expirationDate == a.base + 25 * A.day, "the stored period stays")
+        #expect(stored?.expirationDate == a.base + 20 * A.day && stored?.verified == true && stored?.priceMicros == 9_990_000, "Apple's period and price")
         let renewed = await fixture.deliverAppStore(try a.notification("DID_RENEW", uuid: "n", at: 2, transaction: a.transaction("9300", original: "9300", token: token, purchased: -10), renewal: nil))
-        #expect(renewed.body.contains(#""ignored":"transaction_changed""#), "\(renewed.body)")
+        #expect(renewed.body.contains(#""changed":false"#), "the payment again keeps the refund: \(renewed.body)")
+        let other = a.transaction("9300", original: "9300", token: token, purchased: -9)
+        let changed = await fixture.deliverAppStore(try a.notification("DID_RENEW", uuid: "o", at: 3, transaction: other, renewal: nil))
+        #expect(changed.body.contains(#""ignored":"transaction_changed""#), "\(changed.body)")
         #expect(try fixture.record(token)?.transactions.first?.revocationDate == a.base - A.day)
+        #expect(try fixture.record(token)?.transactions.first?.expirationDate == a.base + 20 * A.day)
         try await fixture.stop()
     }
 

@@ -44,7 +44,7 @@ struct StripeEventsTests {
         let expected = Transaction(
             originalTransactionId: "sub_1", transactionId: "in_1", store: .stripe, productId: "price_monthly", transactionDate: F.start * 1000,
             expirationDate: (F.start + 30 * F.day) * 1000, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted,
-            priceMicros: 9_990_000, currency: "USD"
+            priceMicros: 9_990_000, currency: "USD", verified: true
         )
         #expect(try plan(F.event("evt_1", "invoice.paid", created: F.start, first, basil: basil)) == .apply(identity: .user("u1", storeCustomer: "stripe:cus_1"), writes: [.transaction(expected, keepRevocation: true)]))
 

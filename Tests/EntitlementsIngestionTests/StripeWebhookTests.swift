@@ -38,7 +38,7 @@ struct StripeWebhookTests {
         _ = try await fixture.write(.recordTransaction(RecordTransactionRequest(userId: "bob", transaction: Transaction(
             originalTransactionId: "sub_a", transactionId: "in_cus_a", store: .stripe, productId: "price_monthly", transactionDate: F.start * 1000,
             expirationDate: (F.start + 30 * F.day) * 1000, environment: .sandbox, ownershipType: .owner, type: .subscriptionStarted,
-            priceMicros: 9_990_000, currency: "USD"
+            priceMicros: 9_990_000, currency: "USD", verified: true
         ))))
         _ = try await fixture.write(.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "bob", state: SubscriptionState(
             store: .stripe, originalTransactionId: "sub_a", autoRenewEnabled: false, autoRenewDisabledDate: (F.start + 5 * F.day) * 1000,

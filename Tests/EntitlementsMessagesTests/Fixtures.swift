@@ -16,7 +16,8 @@ enum Fixtures {
         ownershipType: .familySharing,
         type: .introRenewed,
         priceMicros: 4_990_000,
-        currency: "EUR"
+        currency: "EUR",
+        verified: true
     )
 
     static let subscriptionState = SubscriptionState(
@@ -153,9 +154,9 @@ enum Fixtures {
         linkAlias,
         deleteCustomer,
         SubmitPurchaseRequest(userId: "user-1", environment: .sandbox, purchase: .googlePlay(GooglePlayPurchase(packageName: "com.example.app", productId: "premium_sub", purchaseToken: "token-1"))),
-        AppStorePurchase(signedTransaction: "eyJhbGciOiJFUzI1NiJ9.e30.c2ln"),
+        AppStorePurchase(signedTransaction: "eyJhbGciOiJFUzI1NiJ9.e30.c2ln", transactionId: "2000000123456789"),
         GooglePlayPurchase(packageName: "com.example.app", productId: "premium_sub", purchaseToken: "token-1"),
-        SubmitPurchaseResponse(entitlements: checkResponse, logSequence: 42, changed: true, linkedAlias: "googleplay:token-1", environment: .sandbox, ignored: "pending"),
+        SubmitPurchaseResponse(entitlements: checkResponse, logSequence: 42, changed: true, linkedAlias: "googleplay:token-1", environment: .sandbox, ignored: "pending", transactions: 3),
         WriteResponse(customerId: "user-1", logSequence: 12_345_678_901, changed: true, created: true),
         HealthRequest(),
         HealthResponse(status: .notServing, snapshotId: "snap-20261122", uptimeMs: 86_400_000, version: "1.0.0"),

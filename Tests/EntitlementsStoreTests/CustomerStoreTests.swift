@@ -108,6 +108,49 @@ struct CustomerMutationTests {
         #expect(logged.transaction?.revocationDate == now, "logged as applied, so replay gives the same")
     }
 
+    @Test("verified: the store's record completes what a caller wrote; a caller then changes only the revocation")
+    func verifiedOutranksCaller() throws {
+        var world = World()
+        func write(_ mutate: (inout Transaction) -> Void) throws -> WriteEffect {
+            guard case .recordTransaction(var request) = WriteWorld.purchase("alice", "t1") else {
+                throw CancellationError()
+            }
+            mutate(&request.transaction!)
+            return try world.apply(.recordTransaction(request))
+        }
+        #expect(try write { $0.expirationDate = now + 6 * day }.changed, "the app's guess: a week, no price")
+        let completed = try write {
+            $0.verified = true
+            $0.priceMicros = 4_990_000
+            $0.currency = "USD"
+        }
+        #expect(completed.changed)
+        var stored = try #require(world.customers["alice"]?.transactions.first)
+        #expect(stored.verified && stored.expirationDate == now + 29 * day && stored.priceMicros == 4_990_000)
+        guard case .recordTransaction(let logged) = completed.logged else {
+            return
+        }
+        #expect(logged.transaction == stored, "logged as applied, so replay gives the same")
+
+        #expect(try !write { $0.expirationDate = now + 6 * day }.changed, "the caller's write again: the store's record stands")
+        stored = try #require(world.customers["alice"]?.transactions.first)
+        #expect(stored.expirationDate == now + 29 * day && stored.verified)
+        let refund = try write {
+            $0.expirationDate = now + 6 * day
+            $0.revocationDate = now
+        }
+        #expect(refund.changed, "a refund by hand applies")
+        stored = try #require(world.customers["alice"]?.transactions.first)
+        #expect(stored.revocationDate == now && stored.expirationDate == now + 29 * day && stored.verified)
+        #expect(throws: WriteRefusal.self, "a verified record of other values is refused, as ever") {
+            try write {
+                $0.verified = true
+                $0.revocationDate = now
+                $0.expirationDate = now + 40 * day
+            }
+        }
+    }
+
     @Test("event_date: an older state changes nothing; a newer or undated one replaces it")
     func stateOrder() throws {
         var world = World()

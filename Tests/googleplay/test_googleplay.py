@@ -23,7 +23,9 @@ import urllib.request
 from cryptography.hazmat.primitives import serialization
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "storeharness"))
 from fake_google import FakeGoogle, sign_jwt  # noqa: E402
+from harness import FAILURES, Postgres, check, post  # noqa: E402
 
 ENT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".build/debug/entitlements")
 PACKAGE = "com.example.app"
@@ -34,15 +36,6 @@ SUBSCRIPTION = "projects/example-project/subscriptions/play-rtdn"
 DAY = 86_400_000
 NOW = int(time.time() * 1000)
 WORK = tempfile.mkdtemp(prefix="googleplay-")
-FAILURES = []
-
-
-def check(condition, what):
-    print(("ok   " if condition else "FAIL ") + what)
-    if not condition:
-        FAILURES.append(what)
-
-
 def openssl_key(name):
     path = os.path.join(WORK, name + ".pem")
     subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", path], check=True, capture_output=True)
@@ -111,19 +104,6 @@ class Server:
 server = Server()
 
 
-def post(port, path, body, headers=None):
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    connection.request("POST", path, body=data, headers=dict({"Content-Type": "application/json"}, **(headers or {})))
-    response = connection.getresponse()
-    payload = response.read()
-    connection.close()
-    try:
-        return response.status, json.loads(payload) if payload else None
-    except ValueError:
-        return response.status, payload
-
-
 def push_token(key=None, kid="push-1", **overrides):
     claims = {"iss": "https://accounts.google.com", "aud": AUDIENCE, "azp": "1234", "email": PUSHER, "email_verified": True,
               "sub": "1234", "iat": int(time.time()), "exp": int(time.time()) + 3600}
@@ -172,49 +152,6 @@ def check_user(user, at=None, environment="ENVIRONMENT_PRODUCTION", on=None):
                           {"userId": user, "at": str(at or NOW), "environment": environment})
     assert status == 200, (status, answer)
     return answer
-
-
-class Postgres:
-    """A real PostgreSQL for the fleet part: initdb into a temporary directory (as the
-    postgres user when this runs as root, since initdb refuses root), pg_ctl on a free port."""
-
-    def __init__(self):
-        versions = sorted(os.listdir("/usr/lib/postgresql"), key=lambda v: int(v) if v.isdigit() else 0) if os.path.isdir("/usr/lib/postgresql") else []
-        self.bin = next(("/usr/lib/postgresql/%s/bin" % v for v in reversed(versions) if os.path.exists("/usr/lib/postgresql/%s/bin/initdb" % v)), None)
-        if self.bin is None:
-            raise SystemExit("PostgreSQL's server is not installed: apt-get install -y postgresql")
-        self.dir = tempfile.mkdtemp(prefix="googleplay-pg-")
-        os.chmod(self.dir, 0o777)
-        import socket
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        with open(self.dir + "/pw", "w") as f:
-            f.write("secret")
-        os.chmod(self.dir + "/pw", 0o644)
-        self.run("initdb", "-D", self.dir + "/data", "-U", "postgres", "--auth=scram-sha-256", "--pwfile=" + self.dir + "/pw", "-E", "UTF8", "--no-sync")
-        self.start()
-        self.url = "postgres://postgres:secret@127.0.0.1:%d/postgres" % self.port
-
-    def run(self, tool, *args):
-        command = [self.bin + "/" + tool, *args]
-        if os.getuid() == 0:
-            command = ["/usr/sbin/runuser", "-u", "postgres", "--"] + command
-        subprocess.run(command, check=True, capture_output=True, stdin=subprocess.DEVNULL)
-
-    def start(self):
-        self.run("pg_ctl", "-D", self.dir + "/data", "-l", self.dir + "/log", "-w", "-t", "60",
-                 "-o", "-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off" % (self.port, self.dir), "start")
-
-    def stop(self, mode="fast"):
-        self.run("pg_ctl", "-D", self.dir + "/data", "-m", mode, "-w", "stop")
-
-    def remove(self):
-        try:
-            self.stop("immediate")
-        except Exception:  # noqa: BLE001
-            pass
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def premium(user, **kwargs):

@@ -129,6 +129,7 @@ extension Transaction: ProtoJSONDecodable {
         self.type = try object.enumeration("type", "type", as: TransactionType.self) ?? .unspecified
         self.priceMicros = try object.int64("priceMicros", "price_micros")
         self.currency = try object.string("currency", "currency")
+        self.verified = try object.bool("verified", "verified")
         try object.finish()
     }
 }
@@ -404,6 +405,7 @@ extension AppStorePurchase: ProtoJSONDecodable {
         var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.AppStorePurchase")
         self.init()
         self.signedTransaction = try object.string("signedTransaction", "signed_transaction")
+        self.transactionId = try object.string("transactionId", "transaction_id")
         try object.finish()
     }
 }
@@ -429,6 +431,7 @@ extension SubmitPurchaseResponse: ProtoJSONDecodable {
         self.linkedAlias = try object.string("linkedAlias", "linked_alias")
         self.environment = try object.enumeration("environment", "environment", as: Environment.self) ?? .unspecified
         self.ignored = try object.string("ignored", "ignored")
+        self.transactions = try object.uint32("transactions", "transactions")
         try object.finish()
     }
 }

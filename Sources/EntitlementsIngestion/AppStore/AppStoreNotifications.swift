@@ -134,7 +134,8 @@ public struct AppStoreNotifications: Sendable {
             transactionDate: purchased,
             revocationDate: transaction["revocationDate"].int64,
             environment: Self.environment(transaction["environment"].string ?? environment),
-            ownershipType: transaction["inAppOwnershipType"].string == "FAMILY_SHARED" ? .familySharing : .owner
+            ownershipType: transaction["inAppOwnershipType"].string == "FAMILY_SHARED" ? .familySharing : .owner,
+            verified: true
         )
         // `price` is in milliunits of `currency` (9.99 is 9990).
         if let price = transaction["price"].int64, (0...Int64.max / 1000).contains(price), let currency = StorePrice.currency(transaction["currency"].string) {
@@ -157,8 +158,9 @@ public struct AppStoreNotifications: Sendable {
         return .record(record)
     }
 
-    /// The renewal state of `signedRenewalInfo`.
-    private static func state(_ renewal: EventJSON, original: String, type: String, subtype: String?, eventDate: Int64, lastExpiration: Int64?) -> SubscriptionState {
+    /// The renewal state of `signedRenewalInfo`; `type` is the notification's, or
+    /// ``apiRead`` for the App Store Server API's answer.
+    static func state(_ renewal: EventJSON, original: String, type: String, subtype: String?, eventDate: Int64, lastExpiration: Int64?) -> SubscriptionState {
         var state = SubscriptionState(store: .appstore, originalTransactionId: original)
         state.eventDate = eventDate
         let renews = renewal["autoRenewStatus"].int64 == 1
@@ -175,7 +177,7 @@ public struct AppStoreNotifications: Sendable {
         case 4: state.cancellationReason = .productUnavailable
         case 5: state.cancellationReason = .unknown
         default:
-            if !renews, type == "DID_CHANGE_RENEWAL_STATUS" {
+            if !renews, type == "DID_CHANGE_RENEWAL_STATUS" || type == Self.apiRead {
                 state.cancellationReason = .customer  // the customer turned auto-renew off
             }
         }
@@ -194,6 +196,27 @@ public struct AppStoreNotifications: Sendable {
             state.billingIssueDetectedDate = lastExpiration
         }
         return state
+    }
+
+    /// The `type` of a state read from the App Store Server API.
+    static let apiRead = "API"
+
+    /// The writes of one subscription as the App Store Server API reads it (an item of Get
+    /// All Subscription Statuses' `lastTransactions`, its two JWS verified): its latest
+    /// transaction and its renewal state, dated by the renewal info's `signedDate` (when
+    /// Apple read it), so a notification signed later still wins and an older one does not.
+    /// With `onlyNews`, the state is written only when it differs from the stored one by
+    /// more than its date (``StoreWrite/stateIfNew(_:)``).
+    func apiWrites(transaction: EventJSON, renewal: EventJSON?, onlyNews: Bool, catalogContains: (String) -> Bool) throws -> [StoreWrite] {
+        guard case .record(let record) = try self.record(transaction, what: "Get All Subscription Statuses", environment: nil, catalogContains: catalogContains) else {
+            return []
+        }
+        var writes: [StoreWrite] = [.transaction(record, keepRevocation: record.revocationDate == nil)]
+        if let renewal, let signed = renewal["signedDate"].int64, transaction["type"].string == "Auto-Renewable Subscription" {
+            let state = Self.state(renewal, original: record.originalTransactionId!, type: Self.apiRead, subtype: nil, eventDate: signed, lastExpiration: record.expirationDate)
+            writes.append(onlyNews ? .stateIfNew(state) : .state(state))
+        }
+        return writes
     }
 
     /// What the transaction is: a free trial (any offer whose discount is FREE_TRIAL:

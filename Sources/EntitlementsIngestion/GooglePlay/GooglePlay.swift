@@ -65,7 +65,7 @@ public final class GooglePlay: Sendable {
     let push: PubSubPushVerifier?
     let pubsub: PubSubClient?
     /// The Play Developer API's (and the token exchange's) client and back-off.
-    let http: GoogleHTTP
+    let http: StoreHTTP
     /// One refresh of a purchase token at a time; notifications that arrive meanwhile share
     /// the next one.
     let refreshes = SingleFlight<WebhookIngestion.Outcome>()
@@ -75,14 +75,14 @@ public final class GooglePlay: Sendable {
         let clock = clock ?? { WallClock.unixMilliseconds() }
         // One back-off per API: a throttled Play Developer API does not stop Pub/Sub pulls
         // or the fetch of Google's keys, and the reverse. A pull may wait for messages.
-        let http = GoogleHTTP()
+        let http = StoreHTTP()
         let tokens = await GoogleAccessTokens(account: settings.serviceAccount, http: http)
         self.settings = settings
         self.http = http
         self.notifications = PlayNotifications(packages: settings.packages)
         self.api = PlayDeveloperAPI(baseURL: Self.trimmed(settings.apiURL), http: http, tokens: tokens)
-        self.push = settings.push.map { PubSubPushVerifier(jwksURL: $0.jwksURL, audience: $0.audience, serviceAccount: $0.serviceAccount, http: GoogleHTTP(), clock: clock) }
-        self.pubsub = settings.pull.map { PubSubClient(baseURL: Self.trimmed($0.pubsubURL), subscription: $0.subscription, http: GoogleHTTP(timeout: .seconds(120)), tokens: tokens) }
+        self.push = settings.push.map { PubSubPushVerifier(jwksURL: $0.jwksURL, audience: $0.audience, serviceAccount: $0.serviceAccount, http: StoreHTTP(), clock: clock) }
+        self.pubsub = settings.pull.map { PubSubClient(baseURL: Self.trimmed($0.pubsubURL), subscription: $0.subscription, http: StoreHTTP(timeout: .seconds(120)), tokens: tokens) }
     }
 
     private static func trimmed(_ url: String) -> String {

@@ -217,7 +217,8 @@ struct PlayNotifications: Sendable {
             transactionDate: isRenewal ? Self.periodStart(expiry: expiry, period: catalog.period(productId), notBefore: startTime) : min(startTime, expiry),
             expirationDate: expiry,
             environment: environment,
-            ownershipType: .owner
+            ownershipType: .owner,
+            verified: true
         )
         if !phase["freeTrial"].isNull {
             transaction.type = .trialStarted
@@ -293,7 +294,8 @@ struct PlayNotifications: Sendable {
             productId: sku,
             transactionDate: purchased,
             environment: Self.int64(product["purchaseType"]) == 0 ? .sandbox : .production,
-            ownershipType: .owner
+            ownershipType: .owner,
+            verified: true
         )
         transaction.type = .nonConsumablePurchase
         let identity = Self.identity(product["obfuscatedExternalAccountId"].string, token: token, linked: nil)

@@ -17,13 +17,13 @@ final class PubSubPushVerifier: Sendable {
     let jwksURL: String
     let audience: String
     let serviceAccount: String
-    private let http: GoogleHTTP
+    private let http: StoreHTTP
     private let clock: @Sendable () -> Int64
     private let cache = Mutex<(keys: JWTKeyCollection, kids: Set<String>, expires: Int64, fetched: Int64)?>(nil)
     private let fetching = AsyncSerializer()
 
     /// `clock` is the current time in Unix milliseconds.
-    init(jwksURL: String, audience: String, serviceAccount: String, http: GoogleHTTP, clock: @escaping @Sendable () -> Int64) {
+    init(jwksURL: String, audience: String, serviceAccount: String, http: StoreHTTP, clock: @escaping @Sendable () -> Int64) {
         self.jwksURL = jwksURL
         self.audience = audience
         self.serviceAccount = serviceAccount

@@ -159,7 +159,8 @@ public struct StripeEvents: Sendable {
             expirationDate: end,
             environment: invoice["livemode"].bool == false ? .sandbox : .production,
             ownershipType: .owner,
-            type: type
+            type: type,
+            verified: true
         )
         // The period's price: the line's amount less its discounts, in the currency's
         // smallest unit (tax, other items and a credit balance applied are not in it).

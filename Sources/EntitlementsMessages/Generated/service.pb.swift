@@ -1168,19 +1168,27 @@ extension SubmitPurchaseRequest: ProtobufCBacked {
     }
 }
 
-/// A StoreKit 2 transaction, as the app got it.
+/// A StoreKit 2 transaction, as the app got it; or the id of one, to record the
+/// customer's whole App Store history read from Apple (a backfill, "restore
+/// purchases"). Exactly one of the two.
 public struct AppStorePurchase: Sendable, Hashable {
     /// Transaction.jwsRepresentation: the JWS Apple signed.
     public var signedTransaction: String? = nil
+    /// Any transaction id of the customer (an original transaction id will do): every
+    /// transaction of its history is read with Get Transaction History and recorded.
+    /// Needs the App Store Server API (--appstore-api-key).
+    public var transactionId: String? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
 
     /// Creates a message; every field defaults to absent.
     public init(
-        signedTransaction: String? = nil
+        signedTransaction: String? = nil,
+        transactionId: String? = nil
     ) {
         self.signedTransaction = signedTransaction
+        self.transactionId = transactionId
     }
 }
 
@@ -1217,12 +1225,14 @@ extension AppStorePurchase: ProtobufCBacked {
 
     init(lifting c: CMessage) throws {
         self.signedTransaction = try liftString(c.signed_transaction, field: "signed_transaction")
+        self.transactionId = try liftString(c.transaction_id, field: "transaction_id")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
         let c = try arena.allocate(CMessage.self)
         entitlements__v1__app_store_purchase__init(c)
         c.pointee.signed_transaction = try arena.lowerString(self.signedTransaction, field: "signed_transaction")
+        c.pointee.transaction_id = try arena.lowerString(self.transactionId, field: "transaction_id")
         return c
     }
 }
@@ -1316,6 +1326,10 @@ public struct SubmitPurchaseResponse: Sendable, Hashable {
     /// Set when the purchase was not recorded, and why: "consumable",
     /// "non_renewing_subscription", "pending", "canceled", ... (docs/ingestion.md).
     public var ignored: String? = nil
+    /// How many of the store's transactions the call read and recorded (or found
+    /// recorded already): 1 for a submitted transaction, the history's length for an
+    /// App Store backfill. Always sent.
+    public var transactions: UInt32 = 0
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -1327,7 +1341,8 @@ public struct SubmitPurchaseResponse: Sendable, Hashable {
         changed: Bool = false,
         linkedAlias: String? = nil,
         environment: Environment = .unspecified,
-        ignored: String? = nil
+        ignored: String? = nil,
+        transactions: UInt32 = 0
     ) {
         self.entitlements = entitlements
         self.logSequence = logSequence
@@ -1335,6 +1350,7 @@ public struct SubmitPurchaseResponse: Sendable, Hashable {
         self.linkedAlias = linkedAlias
         self.environment = environment
         self.ignored = ignored
+        self.transactions = transactions
     }
 }
 
@@ -1376,6 +1392,7 @@ extension SubmitPurchaseResponse: ProtobufCBacked {
         self.linkedAlias = try liftString(c.linked_alias, field: "linked_alias")
         self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
         self.ignored = try liftString(c.ignored, field: "ignored")
+        self.transactions = c.has_transactions != 0 ? c.transactions : 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -1387,6 +1404,7 @@ extension SubmitPurchaseResponse: ProtobufCBacked {
         c.pointee.linked_alias = try arena.lowerString(self.linkedAlias, field: "linked_alias")
         if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
         c.pointee.ignored = try arena.lowerString(self.ignored, field: "ignored")
+        if self.transactions != 0 { c.pointee.has_transactions = 1; c.pointee.transactions = self.transactions }
         return c
     }
 }

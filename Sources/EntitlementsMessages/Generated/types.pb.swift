@@ -188,6 +188,12 @@ public struct Transaction: Sendable, Hashable {
     public var priceMicros: Int64? = nil
     /// ISO 4217, upper case ("USD"). Set with price_micros.
     public var currency: String? = nil
+    /// True when the store's own authenticated record wrote it (a signed notification or
+    /// webhook, a verified purchase, the store's API): such a record completes a
+    /// transaction a caller recorded first, and a caller may then change only its
+    /// revocation_date (docs/entitlement-rules.md, "Who may change a transaction").
+    /// Set by the server only: a RecordTransaction that sets it is refused.
+    public var verified: Bool = false
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -206,7 +212,8 @@ public struct Transaction: Sendable, Hashable {
         ownershipType: OwnershipType = .unspecified,
         type: TransactionType = .unspecified,
         priceMicros: Int64? = nil,
-        currency: String? = nil
+        currency: String? = nil,
+        verified: Bool = false
     ) {
         self.originalTransactionId = originalTransactionId
         self.transactionId = transactionId
@@ -221,6 +228,7 @@ public struct Transaction: Sendable, Hashable {
         self.type = type
         self.priceMicros = priceMicros
         self.currency = currency
+        self.verified = verified
     }
 }
 
@@ -269,6 +277,7 @@ extension Transaction: ProtobufCBacked {
         self.type = try liftEnum(has: c.has_type, c.type.rawValue, as: TransactionType.self, field: "type")
         self.priceMicros = c.has_price_micros != 0 ? c.price_micros : nil
         self.currency = try liftString(c.currency, field: "currency")
+        self.verified = c.has_verified != 0 && c.verified != 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -287,6 +296,7 @@ extension Transaction: ProtobufCBacked {
         if self.type != .unspecified { c.pointee.has_type = 1; c.pointee.type = .init(rawValue: .init(truncatingIfNeeded: self.type.rawValue)) }
         if let value = self.priceMicros { c.pointee.has_price_micros = 1; c.pointee.price_micros = value }
         c.pointee.currency = try arena.lowerString(self.currency, field: "currency")
+        c.pointee.has_verified = 1; c.pointee.verified = self.verified ? 1 : 0
         return c
     }
 }

@@ -303,6 +303,12 @@ extension EntitlementMethods {
                 return Self.encoded(self.compact(call), codec) { try codec.encode($0) }
             case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
                 let mutation = try Self.mutation(method, body, codec)
+                if case .recordTransaction(let request) = mutation, request.transaction?.verified == true {
+                    return .failure(
+                        .invalidArgument,
+                        "transaction.verified: set by the server only, when a store's own record writes the transaction (a notification, SubmitPurchase); leave it unset"
+                    )
+                }
                 return Self.encoded(self.apply(mutation, call), codec) { try codec.encode($0) }
             case .submitPurchase:
                 let request = try codec.decode(SubmitPurchaseRequest.self, from: body)

@@ -282,6 +282,13 @@ public final class EntitlementMethods: Sendable {
         }
     }
 
+    /// Every customer's record, for a background task of the server (the App Store
+    /// recheck): blocking and costly (it decodes every record), so call it off the event
+    /// loops. `body` returns false to stop. In fleet mode it is this server's replica.
+    public func forEachCustomer(_ body: (CustomerRecord) throws -> Bool) throws {
+        try self.store.forEachCustomer(body)
+    }
+
     /// Whether `productId` is in the catalog the writes are checked against.
     public func catalogContains(_ productId: String) -> Bool {
         self.store.catalog.contains(productId)

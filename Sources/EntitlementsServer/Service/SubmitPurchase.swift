@@ -25,14 +25,20 @@ public struct SubmittedPurchase: Sendable, Hashable {
     public var environment: Environment
     /// Why the purchase was not recorded, when it was not.
     public var ignored: String?
+    /// How many of the store's transactions were read and recorded (or found recorded).
+    public var transactions: UInt32
 
-    public init(logSequence: UInt64, readSequence: UInt64, changed: Bool, linkedAlias: String?, environment: Environment, ignored: String? = nil) {
+    public init(
+        logSequence: UInt64, readSequence: UInt64, changed: Bool, linkedAlias: String?, environment: Environment, ignored: String? = nil,
+        transactions: UInt32 = 0
+    ) {
         self.logSequence = logSequence
         self.readSequence = readSequence
         self.changed = changed
         self.linkedAlias = linkedAlias
         self.environment = environment
         self.ignored = ignored
+        self.transactions = transactions
     }
 }
 
@@ -75,7 +81,8 @@ extension EntitlementMethods {
                             return .success(
                                 SubmitPurchaseResponse(
                                     entitlements: try answer.response(), logSequence: purchase.logSequence, changed: purchase.changed,
-                                    linkedAlias: purchase.linkedAlias, environment: environment, ignored: purchase.ignored
+                                    linkedAlias: purchase.linkedAlias, environment: environment, ignored: purchase.ignored,
+                                    transactions: purchase.transactions
                                 )
                             )
                         } catch {

@@ -2170,7 +2170,7 @@ const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_request__desc
   (ProtobufCMessageInit) entitlements__v1__submit_purchase_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__app_store_purchase__field_descriptors[1] =
+static const ProtobufCFieldDescriptor entitlements__v1__app_store_purchase__field_descriptors[2] =
 {
   {
     "signed_transaction",
@@ -2184,14 +2184,27 @@ static const ProtobufCFieldDescriptor entitlements__v1__app_store_purchase__fiel
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "transaction_id",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__AppStorePurchase, transaction_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__app_store_purchase__field_indices_by_name[] = {
   0,   /* field[0] = signed_transaction */
+  1,   /* field[1] = transaction_id */
 };
 static const ProtobufCIntRange entitlements__v1__app_store_purchase__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 2 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__app_store_purchase__descriptor =
 {
@@ -2201,7 +2214,7 @@ const ProtobufCMessageDescriptor entitlements__v1__app_store_purchase__descripto
   "Entitlements__V1__AppStorePurchase",
   "entitlements.v1",
   sizeof(Entitlements__V1__AppStorePurchase),
-  1,
+  2,
   entitlements__v1__app_store_purchase__field_descriptors,
   entitlements__v1__app_store_purchase__field_indices_by_name,
   1,  entitlements__v1__app_store_purchase__number_ranges,
@@ -2272,7 +2285,7 @@ const ProtobufCMessageDescriptor entitlements__v1__google_play_purchase__descrip
   (ProtobufCMessageInit) entitlements__v1__google_play_purchase__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_response__field_descriptors[6] =
+static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_response__field_descriptors[7] =
 {
   {
     "entitlements",
@@ -2346,6 +2359,18 @@ static const ProtobufCFieldDescriptor entitlements__v1__submit_purchase_response
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "transactions",
+    7,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, has_transactions),
+    offsetof(Entitlements__V1__SubmitPurchaseResponse, transactions),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__submit_purchase_response__field_indices_by_name[] = {
   2,   /* field[2] = changed */
@@ -2354,11 +2379,12 @@ static const unsigned entitlements__v1__submit_purchase_response__field_indices_
   5,   /* field[5] = ignored */
   3,   /* field[3] = linked_alias */
   1,   /* field[1] = log_sequence */
+  6,   /* field[6] = transactions */
 };
 static const ProtobufCIntRange entitlements__v1__submit_purchase_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_response__descriptor =
 {
@@ -2368,7 +2394,7 @@ const ProtobufCMessageDescriptor entitlements__v1__submit_purchase_response__des
   "Entitlements__V1__SubmitPurchaseResponse",
   "entitlements.v1",
   sizeof(Entitlements__V1__SubmitPurchaseResponse),
-  6,
+  7,
   entitlements__v1__submit_purchase_response__field_descriptors,
   entitlements__v1__submit_purchase_response__field_indices_by_name,
   1,  entitlements__v1__submit_purchase_response__number_ranges,

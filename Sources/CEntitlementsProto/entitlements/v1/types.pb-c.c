@@ -187,7 +187,7 @@ void   entitlements__v1__entitlement__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__entitlement__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descriptors[13] =
+static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descriptors[14] =
 {
   {
     "original_transaction_id",
@@ -345,6 +345,18 @@ static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "verified",
+    14,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__Transaction, has_verified),
+    offsetof(Entitlements__V1__Transaction, verified),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__transaction__field_indices_by_name[] = {
   12,   /* field[12] = currency */
@@ -360,11 +372,12 @@ static const unsigned entitlements__v1__transaction__field_indices_by_name[] = {
   5,   /* field[5] = transaction_date */
   1,   /* field[1] = transaction_id */
   10,   /* field[10] = type */
+  13,   /* field[13] = verified */
 };
 static const ProtobufCIntRange entitlements__v1__transaction__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 13 }
+  { 0, 14 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__transaction__descriptor =
 {
@@ -374,7 +387,7 @@ const ProtobufCMessageDescriptor entitlements__v1__transaction__descriptor =
   "Entitlements__V1__Transaction",
   "entitlements.v1",
   sizeof(Entitlements__V1__Transaction),
-  13,
+  14,
   entitlements__v1__transaction__field_descriptors,
   entitlements__v1__transaction__field_indices_by_name,
   1,  entitlements__v1__transaction__number_ranges,

@@ -445,7 +445,9 @@ struct  Entitlements__V1__SubmitPurchaseRequest
 
 
 /*
- * A StoreKit 2 transaction, as the app got it.
+ * A StoreKit 2 transaction, as the app got it; or the id of one, to record the
+ * customer's whole App Store history read from Apple (a backfill, "restore
+ * purchases"). Exactly one of the two.
  */
 struct  Entitlements__V1__AppStorePurchase
 {
@@ -454,10 +456,16 @@ struct  Entitlements__V1__AppStorePurchase
    * Transaction.jwsRepresentation: the JWS Apple signed.
    */
   char *signed_transaction;
+  /*
+   * Any transaction id of the customer (an original transaction id will do): every
+   * transaction of its history is read with Get Transaction History and recorded.
+   * Needs the App Store Server API (--appstore-api-key).
+   */
+  char *transaction_id;
 };
 #define ENTITLEMENTS__V1__APP_STORE_PURCHASE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__app_store_purchase__descriptor) \
-    , NULL }
+    , NULL, NULL }
 
 
 /*
@@ -512,10 +520,17 @@ struct  Entitlements__V1__SubmitPurchaseResponse
    * "non_renewing_subscription", "pending", "canceled", ... (docs/ingestion.md).
    */
   char *ignored;
+  /*
+   * How many of the store's transactions the call read and recorded (or found
+   * recorded already): 1 for a submitted transaction, the history's length for an
+   * App Store backfill. Always sent.
+   */
+  protobuf_c_boolean has_transactions;
+  uint32_t transactions;
 };
 #define ENTITLEMENTS__V1__SUBMIT_PURCHASE_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__submit_purchase_response__descriptor) \
-    , NULL, 0, 0, 0, 0, NULL, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, NULL }
+    , NULL, 0, 0, 0, 0, NULL, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, NULL, 0, 0 }
 
 
 /*

@@ -228,10 +228,19 @@ struct  Entitlements__V1__Transaction
    * ISO 4217, upper case ("USD"). Set with price_micros.
    */
   char *currency;
+  /*
+   * True when the store's own authenticated record wrote it (a signed notification or
+   * webhook, a verified purchase, the store's API): such a record completes a
+   * transaction a caller recorded first, and a caller may then change only its
+   * revocation_date (docs/entitlement-rules.md, "Who may change a transaction").
+   * Set by the server only: a RecordTransaction that sets it is refused.
+   */
+  protobuf_c_boolean has_verified;
+  protobuf_c_boolean verified;
 };
 #define ENTITLEMENTS__V1__TRANSACTION__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__transaction__descriptor) \
-    , NULL, NULL, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, ENTITLEMENTS__V1__OWNERSHIP_TYPE__OWNERSHIP_TYPE_UNSPECIFIED, 0, ENTITLEMENTS__V1__TRANSACTION_TYPE__TRANSACTION_TYPE_UNSPECIFIED, 0, 0, NULL }
+    , NULL, NULL, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, ENTITLEMENTS__V1__OWNERSHIP_TYPE__OWNERSHIP_TYPE_UNSPECIFIED, 0, ENTITLEMENTS__V1__TRANSACTION_TYPE__TRANSACTION_TYPE_UNSPECIFIED, 0, 0, NULL, 0, 0 }
 
 
 /*

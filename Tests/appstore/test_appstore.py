@@ -30,8 +30,11 @@ from cryptography import x509
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "storeharness"))
+sys.path.insert(0, os.path.join(HERE, "..", "doors"))
+import grpc  # noqa: E402
 from fake_apple import AppleSigner, FakeApple  # noqa: E402
 from harness import FAILURES, Postgres, check, post  # noqa: E402
+from stubs import service_pb2_grpc, svc  # noqa: E402  (the gRPC stubs, generated from proto/ now)
 
 ENT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".build/debug/entitlements")
 BUNDLE = "com.example.app"
@@ -362,6 +365,30 @@ try:
     status, answer = submit("sandy", transaction_id="2300001")
     check(status == 200 and answer.get("environment") == "sandbox" and answer["entitlements"]["entitlements"]["premium"]["isActive"],
           "a sandbox history is found after production and answered for the sandbox: %r" % ((answer or {}).get("environment"),))
+
+    # MARK: The same through the gRPC door, with Python's grpcio
+    with grpc.insecure_channel("127.0.0.1:%d" % server.grpc) as channel:
+        stub = service_pb2_grpc.EntitlementServiceStub(channel)
+        jay = str(uuid.uuid4())
+        fake.add("Production", "acct-jay", transaction(1800001, 1800001, NOW - DAY, NOW + 29 * DAY, token=jay))
+        fake.set_renewal("Production", "1800001", renewal(renews=False))
+        response = stub.SubmitPurchase(svc.SubmitPurchaseRequest(user_id=jay, app_store=svc.AppStorePurchase(
+            signed_transaction=signed(transaction(1800001, 1800001, NOW - DAY, NOW + 29 * DAY, token=jay)))), timeout=30)
+        got = {e.id: e for e in response.entitlements.entitlements}
+        check(response.changed and response.transactions == 1 and response.linked_alias == "appstore:1800001" and got["premium"].is_active
+              and not got["premium"].will_renew and got["premium"].transactions[0].verified, "gRPC: SubmitPurchase with Apple's state: %s" % response)
+        response = stub.SubmitPurchase(svc.SubmitPurchaseRequest(user_id="fay", app_store=svc.AppStorePurchase(transaction_id="2000001")), timeout=30)
+        check(response.transactions == 42 and not response.changed, "gRPC: the backfill again, by another of its ids: %d transactions, nothing changed" % response.transactions)
+        try:
+            stub.SubmitPurchase(svc.SubmitPurchaseRequest(user_id="not-fay", app_store=svc.AppStorePurchase(transaction_id="2000001")), timeout=30)
+            check(False, "gRPC: another user's backfill of fay's history is refused")
+        except grpc.RpcError as error:
+            check(error.code() == grpc.StatusCode.PERMISSION_DENIED, "gRPC: another user's backfill of fay's history is PERMISSION_DENIED: %s" % error.details())
+        try:
+            stub.SubmitPurchase(svc.SubmitPurchaseRequest(user_id="kim", app_store=svc.AppStorePurchase(transaction_id="9999999")), timeout=30)
+            check(False, "gRPC: an unknown transaction id is refused")
+        except grpc.RpcError as error:
+            check(error.code() == grpc.StatusCode.NOT_FOUND and "does not know this transaction" in error.details(), "gRPC: an unknown transaction id is NOT_FOUND: %s" % error.details())
 
     # MARK: The recheck recovers a missed renewal and a missed expiry
     gus = str(uuid.uuid4())

@@ -89,17 +89,25 @@ extension WebhookIngestion {
     /// knows the transaction (Apple answers 404 for a transaction of another app or
     /// environment); the last refusal when none does.
     func firstAppStoreApp<T>(bundleIds: [String], environments: [Environment], _ body: (String, Environment) async throws -> T) async throws -> (T, String, Environment) {
-        var unknown: (any Error)?
+        var unknown: IngestionRejection?
+        var asked: [String] = []
         for environment in environments {
             for bundleId in bundleIds {
                 do {
                     return (try await body(bundleId, environment), bundleId, environment)
                 } catch let rejection as IngestionRejection where rejection.reason == .unknownTransaction {
                     unknown = rejection
+                    asked.append("\(bundleId) in \(environment == .sandbox ? "the sandbox" : "production")")
                 }
             }
         }
-        throw unknown ?? IngestionRetry(.storeNotConfigured, "no --appstore-bundle-id to ask Apple about")
+        guard var unknown else {
+            throw IngestionRetry(.storeNotConfigured, "no --appstore-bundle-id to ask Apple about")
+        }
+        if asked.count > 1 {
+            unknown.message += "; asked: " + asked.joined(separator: ", ")
+        }
+        throw unknown
     }
 
     /// Counts an App Store Server API call in

@@ -75,7 +75,9 @@ extension WebhookIngestion: PurchaseVerifier {
             // period, so the first answer is right. Without them the transaction alone is
             // recorded: the purchase is proven, and the notifications bring the rest.
             do {
-                let reads = try await self.appStoreStatuses(api, transactionId: record.transactionId ?? "", bundleId: bundleId, environment: record.environment, catalogContains: methods.catalogContains)
+                let reads = try await self.appStoreStatuses(
+                    api, transactionId: record.transactionId ?? "", bundleId: bundleId, environment: record.environment, chain: original, catalogContains: methods.catalogContains
+                )
                 for read in reads where read.original == original {
                     writes += read.writes
                     tokens += [read.accountToken].compactMap { $0 }
@@ -124,6 +126,12 @@ extension WebhookIngestion: PurchaseVerifier {
             }
             (history, environment) = (found.0, found.2)
             statuses = try await self.appStoreStatuses(api, transactionId: transactionId, bundleId: found.1, environment: environment, catalogContains: methods.catalogContains)
+        } catch let rejection as IngestionRejection where ![.unknownTransaction, .invalidId].contains(rejection.reason) {
+            // Apple's own answer failed a check (its signature, its chain, a field): the
+            // caller sent only an id, so this is not theirs to fix.
+            return Submission(
+                outcome: .retry(IngestionRetry(.storeUnavailable, "Apple's answer did not verify: \(rejection.message)")), environment: hint == .unspecified ? .production : hint
+            )
         } catch {
             return Submission(outcome: Self.outcome(of: error), environment: hint == .unspecified ? .production : hint)
         }

@@ -48,7 +48,7 @@ public final class WebhookIngestion: Sendable {
     let appStore: (verifier: AppStoreJWSVerifier, notifications: AppStoreNotifications)?
     let googlePlay: GooglePlay?
     /// The App Store Server API, when its key is given (`--appstore-api-key`).
-    let appStoreAPI: AppStoreServerAPI?
+    public let appStoreAPI: AppStoreServerAPI?
     private let clock: @Sendable () -> Int64
     private let factory: any MetricsFactory
     private let counters = Mutex<[String: Counter]>([:])

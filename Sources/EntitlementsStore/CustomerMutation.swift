@@ -258,9 +258,15 @@ public struct CustomerMutation {
             var withRevocation = known
             withRevocation.revocationDate = transaction.revocationDate
             if known.verified == true, transaction.verified != true {
-                // A caller's write of what the store verified: the store's fields stand;
-                // only a refund (or its reversal) by hand applies.
-                if withRevocation == known {
+                // A caller's write of what the store verified: the store's fields stand. A
+                // refund by hand applies; clearing a refund only from a write that names
+                // the store's record exactly (else a caller's first guess, sent again,
+                // would undo the store's refund).
+                var caller = transaction
+                caller.verified = true
+                caller.revocationDate = known.revocationDate
+                let clearing = transaction.revocationDate == nil && known.revocationDate != nil
+                if withRevocation == known || (clearing && caller != known) {
                     return effect
                 }
                 transaction = withRevocation

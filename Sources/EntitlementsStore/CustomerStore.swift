@@ -421,8 +421,8 @@ public final class CustomerStore: Sendable {
     /// Calls `body` with every customer's current record, once each, in no set order: the
     /// snapshot's records (those a write replaced since, as written) and then the customers
     /// only written since. It reads one moment's overlay and the snapshot of that moment,
-    /// so writes made meanwhile may be missed; it decodes every record (docs/operations.md
-    /// says what a scan costs). `body` returns false to stop.
+    /// so writes made meanwhile may be missed; it decodes every record (docs/ingestion.md,
+    /// "Missed notifications", says what a scan costs). `body` returns false to stop.
     public func forEachCustomer(_ body: (CustomerRecord) throws -> Bool) throws {
         let (overlay, snapshot) = self.state.withLock { ($0.committed, $0.snapshot) }
         var replaced = Set<ExactId>()

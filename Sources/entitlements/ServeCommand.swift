@@ -416,6 +416,11 @@ struct ServeCommand: AsyncParsableCommand {
         {
             services.append(.init(service: rechecker, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
             Self.say("appstore recheck every \(settings.text("appstore-recheck-interval") ?? "15m"), at most \(recheck.perMinute) reads a minute")
+        } else if webhooks.ingestion?.appStoreAPI != nil {
+            Self.say(
+                settings.text("postgres") != nil && settings.text("appstore-recheck-interval") != "off"
+                    ? "appstore recheck off (fleet mode: give --appstore-recheck-interval on the one node that should run it)" : "appstore recheck off"
+            )
         }
         var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .nanoseconds(drainTimeout.nanoseconds)

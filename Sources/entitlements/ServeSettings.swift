@@ -585,7 +585,8 @@ extension ServeSettings {
         }
     }
 
-    /// --appstore-recheck-interval (nil: off) and --appstore-recheck-rate.
+    /// --appstore-recheck-interval (nil: off; in fleet mode off unless given) and
+    /// --appstore-recheck-rate.
     func appStoreRecheck() throws -> (interval: Duration, perMinute: Int)? {
         let rate = self.text("appstore-recheck-rate") ?? "60"
         guard let perMinute = Int(rate), (1...3000).contains(perMinute) else {
@@ -593,6 +594,9 @@ extension ServeSettings {
         }
         if self.text("appstore-recheck-interval") == "off" {
             return nil
+        }
+        if self.text("postgres") != nil, self.values["appstore-recheck-interval"]?.source == "default" {
+            return nil  // fleet mode: on only where asked for, else every node would ask Apple
         }
         let interval = try self.duration("appstore-recheck-interval")
         return (.nanoseconds(interval.nanoseconds), perMinute)

@@ -349,7 +349,7 @@ struct AppStoreCommand: AsyncParsableCommand {
         @OptionGroup var connection: ServerOptions
         @Option(help: "The customer id or alias the history is recorded for (a new id creates the customer).") var user: String
         @Option(help: "Any App Store transaction id of the customer (an original transaction id will do).") var transactionId: String
-        @Option(help: "Where Apple is asked, and the entitlements' environment in the answer: production or sandbox; default: production, then the sandbox.")
+        @Option(help: "Where Apple is asked, and the entitlements' environment in the answer: production or sandbox; default: production, then the sandbox. (--timeout-ms defaults to 120000 here.)")
         var environment: String?
         @Flag(help: "Print JSON.") var json = false
 
@@ -372,7 +372,11 @@ struct AppStoreCommand: AsyncParsableCommand {
         }
 
         func run() async throws {
-            try await SubmitPurchaseCommand.submit(try self.request(), connection: self.connection, json: self.json, what: "history")
+            var connection = self.connection
+            if !CommandLine.arguments.contains(where: { $0.hasPrefix("--timeout-ms") }) {
+                connection.timeoutMs = 120_000  // a history is many pages and writes, not one check
+            }
+            try await SubmitPurchaseCommand.submit(try self.request(), connection: connection, json: self.json, what: "history")
         }
     }
 }

@@ -113,6 +113,7 @@ struct CustomerMutationTests {
         var world = World()
         func write(_ mutate: (inout Transaction) -> Void) throws -> WriteEffect {
             guard case .recordTransaction(var request) = WriteWorld.purchase("alice", "t1") else {
+                Issue.record("WriteWorld.purchase is a RecordTransaction")
                 throw CancellationError()
             }
             mutate(&request.transaction!)
@@ -128,6 +129,7 @@ struct CustomerMutationTests {
         var stored = try #require(world.customers["alice"]?.transactions.first)
         #expect(stored.verified && stored.expirationDate == now + 29 * day && stored.priceMicros == 4_990_000)
         guard case .recordTransaction(let logged) = completed.logged else {
+            Issue.record("a RecordTransaction logs a RecordTransaction")
             return
         }
         #expect(logged.transaction == stored, "logged as applied, so replay gives the same")
@@ -142,6 +144,19 @@ struct CustomerMutationTests {
         #expect(refund.changed, "a refund by hand applies")
         stored = try #require(world.customers["alice"]?.transactions.first)
         #expect(stored.revocationDate == now && stored.expirationDate == now + 29 * day && stored.verified)
+        #expect(try !write { $0.expirationDate = now + 6 * day }.changed, "the caller's first guess again does not undo the refund")
+        #expect(world.customers["alice"]?.transactions.first?.revocationDate == now)
+        let reversal = try write {
+            $0 = stored
+            $0.verified = false
+            $0.revocationDate = nil
+        }
+        #expect(reversal.changed, "a reversal that repeats the store's record applies")
+        #expect(world.customers["alice"]?.transactions.first?.revocationDate == nil)
+        _ = try write {
+            $0.expirationDate = now + 6 * day
+            $0.revocationDate = now
+        }
         #expect(throws: WriteRefusal.self, "a verified record of other values is refused, as ever") {
             try write {
                 $0.verified = true

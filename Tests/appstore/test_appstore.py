@@ -122,19 +122,23 @@ subprocess.run([ENT, "snapshot", "build", "--catalog", os.path.join(WORK, "catal
                 "--output", os.path.join(WORK, "seed.snap")], check=True, capture_output=True)
 
 
+SERVERS = []
+
+
 class Server:
     def __init__(self, data="data", extra=(), key_id=KEY_ID, recheck="1s"):
+        SERVERS.append(self)
         self.log = open(os.path.join(WORK, "serve-%s.log" % time.time()), "w+")
         args = [ENT, "serve", "--data-dir", os.path.join(WORK, data), "--snapshot", os.path.join(WORK, "seed.snap"), "--listen", "127.0.0.1:0", *extra,
                 "--grpc-listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--webhooks-listen", "127.0.0.1:0",
                 "--appstore-root-cert", os.path.join(WORK, "root.pem"), "--appstore-bundle-id", BUNDLE,
                 "--appstore-api-key", os.path.join(WORK, "SubscriptionKey.p8"), "--appstore-key-id", key_id, "--appstore-issuer-id", ISSUER,
-                "--appstore-api-url", fake.url, "--appstore-sandbox-api-url", fake.sandbox_url, "--appstore-recheck-interval", recheck]
+                "--appstore-api-url", fake.url, "--appstore-sandbox-api-url", fake.sandbox_url] + (["--appstore-recheck-interval", recheck] if recheck else [])
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(300):
             self.log.seek(0)
             text = self.log.read()
-            if "webhooks listening on" in text and "grpc listening on" in text:
+            if "webhooks listening on" in text and "grpc listening on" in text and "appstore recheck" in text:
                 break
             if self.process.poll() is not None:
                 raise SystemExit("serve exited:\n" + text)
@@ -244,7 +248,8 @@ try:
     p = (answer or {}).get("entitlements", {}).get("entitlements", {}).get("premium", {})
     check(status == 200 and p.get("isActive") and p.get("isInGracePeriod") and p.get("isInBillingRetry") and answer.get("transactions") == 1,
           "a submitted period that ended is active in the first answer: Apple says billing retry with grace: %r" % (answer,))
-    check(fake.calls_to("/inApps/v1/subscriptions/1000001") == 1 and not fake.refused, "Get All Subscription Statuses was called once, with a token Apple accepts: %r" % (fake.refused,))
+    # (the 1 s recheck may also have read the chain between the submission's two writes)
+    check(fake.calls_to("/inApps/v1/subscriptions/1000001") >= 1 and not fake.refused, "Get All Subscription Statuses was called, with a token Apple accepts: %r" % (fake.refused,))
     bea = str(uuid.uuid4())
     fake.add("Production", "acct-bea", transaction(1100001, 1100001, NOW - 10 * DAY, NOW + 20 * DAY, token=bea))
     fake.set_renewal("Production", "1100001", renewal(renews=False))
@@ -408,8 +413,11 @@ try:
         time.sleep(0.2)
     check(premium(gus)["isActive"] and premium(gus)["expirationDate"] == iso(NOW + 28 * DAY), "the recheck recorded the missed renewal: %r" % (shape(premium(gus)),))
     check(not premium(hal)["isActive"] and not premium(hal).get("isInGracePeriod"), "the recheck recorded the missed expiry: %r" % (shape(premium(hal)),))
+    # hal is billing_retry, or missed_period_end when a scan fell between its notification's two writes
+    while time.time() < deadline and metric("entitlements_appstore_rechecks_total", outcome="applied") < 2:
+        time.sleep(0.1)
     check(metric("entitlements_appstore_rechecks_total", reason="missed_period_end", outcome="applied") >= 1
-          and metric("entitlements_appstore_rechecks_total", reason="billing_retry", outcome="applied") >= 1, "rechecks are counted by reason and outcome")
+          and metric("entitlements_appstore_rechecks_total", outcome="applied") >= 2, "rechecks are counted by reason and outcome")
     calls = fake.calls_to("/inApps/v1/subscriptions/")
     time.sleep(2.5)
     check(fake.calls_to("/inApps/v1/subscriptions/") == calls, "once read, a chain is not read again (no reads in 2.5 s of 1 s scans)")
@@ -427,7 +435,8 @@ try:
         subprocess.run([ENT, "db", "import", "--postgres", postgres.url, "--snapshot", os.path.join(WORK, "seed.snap")], check=True, capture_output=True)
         fleet = ["--postgres", postgres.url, "--fleet-poll-interval", "50ms"]
         a = server = Server(data="fleet-a", extra=fleet)
-        b = Server(data="fleet-b", extra=fleet, recheck="off")
+        b = Server(data="fleet-b", extra=fleet, recheck=None)
+        check("appstore recheck off (fleet mode" in b.said and "appstore recheck every 1s" in a.said, "fleet: the recheck runs only on the node given the interval")
         ivy = str(uuid.uuid4())
         fake.add("Production", "acct-ivy", transaction(4000001, 4000001, NOW - 5 * DAY, NOW + 25 * DAY, token=ivy))
         fake.set_renewal("Production", "4000001", renewal(renews=False))
@@ -454,7 +463,7 @@ try:
     finally:
         postgres.remove()
 finally:
-    for s in [server]:
+    for s in SERVERS:
         try:
             if s.process.poll() is None:
                 s.stop()

@@ -212,6 +212,9 @@ public struct AppStoreNotifications: Sendable {
             return []
         }
         var writes: [StoreWrite] = [.transaction(record, keepRevocation: record.revocationDate == nil)]
+        if let other = renewal?["originalTransactionId"].string, other != record.originalTransactionId {
+            throw IngestionRejection(.missingField, "Get All Subscription Statuses: the renewal info of chain \(other) came with chain \(record.originalTransactionId ?? "")'s transaction")
+        }
         if let renewal, let signed = renewal["signedDate"].int64, transaction["type"].string == "Auto-Renewable Subscription" {
             let state = Self.state(renewal, original: record.originalTransactionId!, type: Self.apiRead, subtype: nil, eventDate: signed, lastExpiration: record.expirationDate)
             writes.append(onlyNews ? .stateIfNew(state) : .state(state))

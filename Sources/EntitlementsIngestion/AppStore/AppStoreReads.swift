@@ -15,8 +15,11 @@ extension WebhookIngestion {
     /// subscription chain, its JWS verified as notifications are. With `onlyNews`, a state
     /// that says nothing new is not written (a caller's repeated submission); without it
     /// (the recheck) the newer date is recorded: the chain was heard of.
+    /// With `chain`, only that chain is read (another chain's product missing from the
+    /// catalog does not fail it).
     func appStoreStatuses(
-        _ api: AppStoreServerAPI, transactionId: String, bundleId: String, environment: Environment, onlyNews: Bool = true, catalogContains: (String) -> Bool
+        _ api: AppStoreServerAPI, transactionId: String, bundleId: String, environment: Environment, chain: String? = nil, onlyNews: Bool = true,
+        catalogContains: (String) -> Bool
     ) async throws -> [AppStoreRead] {
         guard let appStore = self.appStore else { return [] }
         let answer = try await self.countingAppStoreCall("statuses") {
@@ -25,6 +28,9 @@ extension WebhookIngestion {
         var reads: [AppStoreRead] = []
         for group in answer["data"].array {
             for item in group["lastTransactions"].array {
+                if let chain, let original = item["originalTransactionId"].string, original != chain {
+                    continue
+                }
                 guard let signedTransaction = item["signedTransactionInfo"].string else {
                     throw IngestionRetry(.storeUnavailable, "Get All Subscription Statuses: an item without signedTransactionInfo")
                 }

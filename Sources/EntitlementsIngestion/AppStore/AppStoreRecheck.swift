@@ -99,8 +99,8 @@ public struct AppStoreRecheck: Service {
 
     public func run() async throws {
         try await cancelWhenGracefulShutdown {
-            // Chains read in the last day that Apple did not list or know: not asked
-            // again before then.
+            // Chains not to ask about again before an instant: a day for those Apple did
+            // not list or know, an hour for those whose read failed.
             var quiet: [String: Int64] = [:]
             while !Task.isCancelled {
                 let started = ContinuousClock.now
@@ -116,27 +116,14 @@ public struct AppStoreRecheck: Service {
     /// One scan and the reads it finds due, paced to `perMinute`.
     func pass(quiet: inout [String: Int64]) async {
         let now = WallClock.unixMilliseconds()
-        quiet = quiet.filter { $0.value > now - self.rule.retryEvery }
+        quiet = quiet.filter { $0.value > now }
         let budget = max(1, Int(Double(self.perMinute) * max(self.interval / .seconds(60), 1)))
-        let rule = self.rule
-        let methods = self.methods
         let skip = quiet
-        let scanned: Result<(due: [AppStoreRecheckRule.Due], customers: Int, milliseconds: Int64), any Error> = await withCheckedContinuation { continuation in
-            DispatchQueue(label: "entitlements.appstore-recheck").async {
-                let clock = ContinuousClock.now
-                var due: [AppStoreRecheckRule.Due] = []
-                var customers = 0
-                let result = Result { () throws -> (due: [AppStoreRecheckRule.Due], customers: Int, milliseconds: Int64) in
-                    try methods.forEachCustomer { record in
-                        customers += 1
-                        due += rule.due(record, now: now).filter { skip[$0.originalTransactionId] == nil }
-                        return due.count < budget
-                    }
-                    let elapsed = ContinuousClock.now - clock
-                    return (due: due, customers: customers, milliseconds: elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)
-                }
-                continuation.resume(returning: result)
-            }
+        let stop = StopFlag()
+        let scanned: Result<(due: [AppStoreRecheckRule.Due], customers: Int, milliseconds: Int64), any Error> = await withTaskCancellationHandler {
+            await self.scan(now: now, budget: budget, skip: skip, stop: stop)
+        } onCancel: {
+            stop.flag.store(true, ordering: .relaxed)  // shutdown: the scan stops at its next record
         }
         let due: [AppStoreRecheckRule.Due]
         switch scanned {
@@ -152,13 +139,41 @@ public struct AppStoreRecheck: Service {
             if Task.isCancelled || self.api.http.backingOffUntil != nil {
                 return  // the rest waits for the next pass, after Apple's back-off
             }
-            switch await self.ingestion.recheckAppStore(chain, api: self.api, methods: self.methods, on: self.eventLoop) {
-            case "applied", "unchanged", "retry":
+            let outcome = await self.ingestion.recheckAppStore(chain, api: self.api, methods: self.methods, on: self.eventLoop)
+            switch outcome {
+            case "applied", "unchanged":
                 break
+            case "retry":
+                quiet[chain.originalTransactionId] = WallClock.unixMilliseconds() + 3_600_000
             default:
-                quiet[chain.originalTransactionId] = WallClock.unixMilliseconds()  // not listed, unknown: again in a day
+                // Not listed, unknown, no renewal info, gone: again in a day.
+                quiet[chain.originalTransactionId] = WallClock.unixMilliseconds() + self.rule.retryEvery
             }
             try? await Task.sleep(for: pause)
+        }
+    }
+
+    /// Reads every customer on a thread of its own (the reads are blocking), until
+    /// `budget` chains are due or `stop` is set.
+    private func scan(now: Int64, budget: Int, skip: [String: Int64], stop: StopFlag) async -> Result<(due: [AppStoreRecheckRule.Due], customers: Int, milliseconds: Int64), any Error> {
+        let rule = self.rule
+        let methods = self.methods
+        return await withCheckedContinuation { continuation in
+            DispatchQueue(label: "entitlements.appstore-recheck").async {
+                let clock = ContinuousClock.now
+                var due: [AppStoreRecheckRule.Due] = []
+                var customers = 0
+                let result = Result { () throws -> (due: [AppStoreRecheckRule.Due], customers: Int, milliseconds: Int64) in
+                    try methods.forEachCustomer { record in
+                        customers += 1
+                        due += rule.due(record, now: now).filter { skip[$0.originalTransactionId] == nil }
+                        return due.count < budget && !stop.flag.load(ordering: .relaxed)
+                    }
+                    let elapsed = ContinuousClock.now - clock
+                    return (due: due, customers: customers, milliseconds: elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)
+                }
+                continuation.resume(returning: result)
+            }
         }
     }
 }
@@ -172,14 +187,15 @@ extension WebhookIngestion {
             self.increment("entitlements_appstore_rechecks_total", [("reason", chain.reason), ("outcome", outcome)])
         }
         guard let appStore = self.appStore else {
-            outcome = "not_configured"
+            outcome = "retry"  // not reached: the recheck runs only with the App Store set up
             return outcome
         }
         let reads: [AppStoreRead]
         do {
             (reads, _, _) = try await self.firstAppStoreApp(bundleIds: appStore.notifications.bundleIds.sorted(), environments: [chain.environment]) { bundleId, environment in
                 try await self.appStoreStatuses(
-                    api, transactionId: chain.transactionId, bundleId: bundleId, environment: environment, onlyNews: false, catalogContains: methods.catalogContains
+                    api, transactionId: chain.transactionId, bundleId: bundleId, environment: environment, chain: chain.originalTransactionId, onlyNews: false,
+                    catalogContains: methods.catalogContains
                 )
             }
         } catch let rejection as IngestionRejection {
@@ -198,11 +214,31 @@ extension WebhookIngestion {
             outcome = "not_listed"
             return outcome
         }
-        switch await self.run(.apply(identity: .user(chain.customerId, storeCustomer: nil), writes: writes), methods: methods, on: eventLoop) {
+        // The customer may have been deleted, or the chain moved, since the scan: then the
+        // read is dropped (written, it would bring the customer back).
+        let holds = { [chain] () throws in
+            let found = try? methods.customerRecord(chain.customerId, StoreEventApplier.context(on: eventLoop)).get()
+            guard let record = found ?? nil, record.id == chain.customerId,
+                record.transactions.contains(where: { $0.store == .appstore && $0.originalTransactionId == chain.originalTransactionId })
+            else {
+                throw IngestionRejection(.missingField, "the chain \(chain.originalTransactionId) is no longer \(chain.customerId)'s")
+            }
+        }
+        let state = writes.contains { write in
+            if case .state = write { return true }
+            return false
+        }
+        switch await self.run(.apply(identity: .user(chain.customerId, storeCustomer: nil), writes: writes), methods: methods, on: eventLoop, verify: holds) {
+        case .applied(let applied) where !state:
+            // Apple gave no renewal info: nothing says the chain was heard of, so it would
+            // stay due; asked again in a day.
+            outcome = applied.changed ? "applied_without_state" : "no_renewal_info"
         case .applied(let applied):
             outcome = applied.changed ? "applied" : "unchanged"
         case .ignored:
             outcome = "unchanged"
+        case .rejected(let rejection) where rejection.message.hasPrefix("the chain "):
+            outcome = "gone"
         case .rejected(let rejection):
             self.logger.warning("App Store recheck: not recorded", metadata: ["chain": "\(chain.originalTransactionId)", "why": "\(rejection.message)"])
             outcome = rejection.reason.rawValue
@@ -212,4 +248,9 @@ extension WebhookIngestion {
         }
         return outcome
     }
+}
+
+/// Set once to ask a scan on another thread to stop.
+final class StopFlag: Sendable {
+    let flag = Atomic<Bool>(false)
 }

@@ -1326,9 +1326,10 @@ public struct SubmitPurchaseResponse: Sendable, Hashable {
     /// Set when the purchase was not recorded, and why: "consumable",
     /// "non_renewing_subscription", "pending", "canceled", ... (docs/ingestion.md).
     public var ignored: String? = nil
-    /// How many of the store's transactions the call read and recorded (or found
-    /// recorded already): 1 for a submitted transaction, the history's length for an
-    /// App Store backfill. Always sent.
+    /// How many of the store's transactions the call recorded (or found recorded
+    /// already): the submitted one, and the chain's latest when the App Store Server
+    /// API names a later one; for an App Store backfill, every transaction of the
+    /// history that records one. Always sent.
     public var transactions: UInt32 = 0
 
     /// Creates a message with every field absent (nil, empty, false, 0).

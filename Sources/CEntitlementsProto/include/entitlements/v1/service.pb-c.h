@@ -521,9 +521,10 @@ struct  Entitlements__V1__SubmitPurchaseResponse
    */
   char *ignored;
   /*
-   * How many of the store's transactions the call read and recorded (or found
-   * recorded already): 1 for a submitted transaction, the history's length for an
-   * App Store backfill. Always sent.
+   * How many of the store's transactions the call recorded (or found recorded
+   * already): the submitted one, and the chain's latest when the App Store Server
+   * API names a later one; for an App Store backfill, every transaction of the
+   * history that records one. Always sent.
    */
   protobuf_c_boolean has_transactions;
   uint32_t transactions;

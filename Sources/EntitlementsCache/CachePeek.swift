@@ -17,7 +17,8 @@ public struct CachePeek: Sendable {
     public let shardHash: UInt64
 
     /// Reads `payload`, a CheckEntitlementsRequest's encoding: its user_id (field 1) and
-    /// environment (field 4); other known fields are skipped, and field 2 (a filter), a user
+    /// environment (field 4); other known fields are skipped, and field 2 (a filter), field 6
+    /// set (explain), a user
     /// id longer than `longestUserId` bytes (one the check refuses: not hashed) or bytes
     /// that do not parse give nil.
     public init?(checkRequest payload: UnsafeRawBufferPointer, longestUserId: Int) {
@@ -41,6 +42,10 @@ public struct CachePeek: Sendable {
                     return nil
                 }
                 environment = known == .unspecified ? .production : known
+            case (6, 0):
+                guard reader.varint() == 0 else {
+                    return nil  // explain: never from the cache
+                }
             case (_, 0):
                 guard reader.varint() != nil else {
                     return nil

@@ -59,6 +59,10 @@ struct JSONCodec: CallCodec {
         ByteBuffer(string: EntitlementsOutput.json(answer))
     }
 
+    func encode(_ answer: CheckEntitlementsResponse) -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(answer, pretty: false))
+    }
+
     func byteCount(of encoded: ByteBuffer) -> Int {
         encoded.readableBytes
     }

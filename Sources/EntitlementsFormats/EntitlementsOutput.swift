@@ -21,8 +21,59 @@ public enum EntitlementsOutput {
         if response.staleForMs != 0 {
             fields.append(("staleForMs", .int(Int64(clamping: response.staleForMs))))
         }
+        if let explanation = response.explanation {
+            fields.append(("explanation", Self.json(explanation)))
+        }
         return JSONValue.object(fields)
     }
+
+    /// An explained check's `explanation` (CheckEntitlementsRequest.explain).
+    static func json(_ explanation: Explanation) -> JSONValue {
+        .object([
+            ("entitlements", .array(explanation.entitlements.map { entitlement in
+                .object([
+                    ("entitlementId", .string(entitlement.entitlementId)),
+                    ("decision", .string(entitlement.decision)),
+                    ("candidates", .array(entitlement.candidates.map { candidate in
+                        .object([
+                            ("kind", .string(candidate.kind)),
+                            ("source", .name(candidate.source)),
+                            ("id", .string(candidate.id)),
+                            ("productId", .string(candidate.productId)),
+                            ("counted", .bool(candidate.counted)),
+                            ("isActive", .bool(candidate.isActive)),
+                            ("won", .bool(candidate.won)),
+                            ("reason", .string(candidate.reason)),
+                            ("end", .date(candidate.end)),
+                        ])
+                    })),
+                ])
+            })),
+            ("validUntilFrom", .string(explanation.validUntilFrom)),
+            ("logSequence", explanation.logSequence > 0 ? .int(Int64(clamping: explanation.logSequence)) : .null),
+            ("snapshotId", .string(explanation.snapshotId)),
+        ])
+    }
+
+    /// An explanation as a tree for people (`check --explain`).
+    public static func tree(_ explanation: Explanation) -> String {
+        var lines: [String] = []
+        for entitlement in explanation.entitlements {
+            lines.append("\(entitlement.entitlementId ?? "?"): \(entitlement.decision ?? "")")
+            for (index, candidate) in entitlement.candidates.enumerated() {
+                let branch = index == entitlement.candidates.count - 1 ? "└─" : "├─"
+                let mark = candidate.won ? "WON " : candidate.counted ? (candidate.isActive ? "active " : "inactive ") : "not counted "
+                let what = "\(candidate.kind ?? "?") \(candidate.source.jsonName ?? "unknown") \(candidate.id ?? "?")" + (candidate.productId.map { " (\($0))" } ?? "")
+                lines.append("  \(branch) \(mark)\(what): \(candidate.reason ?? "")")
+            }
+        }
+        if let from = explanation.validUntilFrom {
+            lines.append("validUntil: \(from)")
+        }
+        lines.append("read at log sequence \(explanation.logSequence), snapshot \(explanation.snapshotId ?? "-")")
+        return lines.joined(separator: "\n")
+    }
+
 
     static func json(_ entitlement: Entitlement) -> JSONValue {
         .object([

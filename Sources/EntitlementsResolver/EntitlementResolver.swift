@@ -4,8 +4,8 @@ public import EntitlementsMessages
 public struct Resolution: Sendable, Hashable {
     /// One entry per entitlement with at least one candidate, sorted by id.
     public var entitlements: [Entitlement]
-    /// The earliest instant after the evaluation instant at which the answer can change;
-    /// nil when it never can. The answer is exact for every instant before it.
+    /// The earliest instant after the evaluation instant at which the answer changes (rule
+    /// 12); nil when it never does. The answer is exact for every instant before it.
     public var validUntil: Int64?
 
     /// Creates a resolution.
@@ -64,6 +64,67 @@ public struct EntitlementResolver: Sendable {
         guard let customer else {
             return Resolution()
         }
+        var answer = self.evaluate(customer, at: instant, environment: environment, entitlementIds: entitlementIds)
+        // Rule 12, exact: the answer can change only at the input dates the evaluation
+        // noted; the first of them at which the whole customer's answer (every
+        // entitlement, whatever the filter) differs is validUntil. Each step goes to the
+        // next noted date, so it ends; past `exactSteps` the date reached is kept, early
+        // and so still safe.
+        guard var next = answer.validUntil else {
+            return answer
+        }
+        let whole = entitlementIds.isEmpty ? answer : self.evaluate(customer, at: instant, environment: environment, entitlementIds: [])
+        for _ in 0..<Self.exactSteps {
+            if Self.changes(whole, at: next) {
+                break  // a date the answer shows changes it: no need to look
+            }
+            let later = self.evaluate(customer, at: next, environment: environment, entitlementIds: [])
+            if later.entitlements != whole.entitlements {
+                break
+            }
+            guard let after = later.validUntil else {
+                answer.validUntil = nil  // no input date ahead changes anything
+                return answer
+            }
+            next = after
+        }
+        answer.validUntil = next
+        return answer
+    }
+
+    /// Whether `resolution`'s own fields say it changes at `instant` (a date after its
+    /// evaluation instant): an active entitlement's expiration (it ends, or its grace
+    /// starts), a grace end after the expiration, a billing issue's detection (renewState),
+    /// the current transaction's revocation. The common case, known without evaluating
+    /// again; false says only "not known", and the caller evaluates.
+    static func changes(_ resolution: Resolution, at instant: Int64) -> Bool {
+        for entitlement in resolution.entitlements {
+            if entitlement.isActive, entitlement.expirationDate == instant {
+                return true
+            }
+            if let expiration = entitlement.expirationDate {
+                if let grace = entitlement.gracePeriodExpirationDate, grace == instant, grace > expiration, !entitlement.isRevoked {
+                    return true
+                }
+                if entitlement.billingIssueDetectedDate == instant {
+                    return true
+                }
+            }
+            if entitlement.transactions.last?.revocationDate == instant {
+                return true
+            }
+        }
+        return false
+    }
+
+    /// The most later instants ``resolve(_:at:environment:entitlementIds:)`` evaluates to
+    /// make validUntil exact (a customer has few future dates; a pathological one with
+    /// more gets an early, safe validUntil).
+    static let exactSteps = 16
+
+    /// Rules 1 to 11 and 13 at `instant`; validUntil is rule 12's first candidate: the
+    /// earliest input date after `instant`.
+    private func evaluate(_ customer: CustomerRecord, at instant: Int64, environment: Environment, entitlementIds: [String]) -> Resolution {
         var evaluation = Evaluation(instant: instant)
         let environment = environment == .unspecified ? Environment.production : environment
         let wanted = entitlementIds.isEmpty ? nil : Set(entitlementIds)
@@ -143,7 +204,7 @@ public struct EntitlementResolver: Sendable {
 }
 
 /// Tracks rule 12: the earliest instant after T at which an input date takes effect.
-private struct Evaluation {
+struct Evaluation {
     let instant: Int64
     private(set) var validUntil: Int64?
 
@@ -163,7 +224,7 @@ private struct Evaluation {
 }
 
 /// Identifies a chain: rule 1's (store, originalTransactionId).
-private struct ChainKey: Hashable {
+struct ChainKey: Hashable {
     var store: Source
     var originalTransactionId: String
 
@@ -178,7 +239,7 @@ private struct ChainKey: Hashable {
 }
 
 /// One chain's state at T (rules 2, 3, 8, 9).
-private struct Chain {
+struct Chain {
     let key: ChainKey
     /// The customer's transactions; the chain's are `members`.
     let all: [Transaction]
@@ -235,7 +296,7 @@ private struct Chain {
 }
 
 /// A chain or a grant competing for one entitlement (rule 6).
-private struct Candidate {
+struct Candidate {
     enum Origin {
         case chain(Chain)
         case grant(Grant)

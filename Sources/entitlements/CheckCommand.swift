@@ -17,6 +17,9 @@ struct CheckCommand: AsyncParsableCommand {
     @Option(name: .customLong("min-seq"), help: "Read your writes: answer only once the server has applied this log sequence (a write's logSequence).")
     var minimumSequence: UInt64?
 
+    @Flag(help: "Explain the answer: every candidate of every entitlement, whether it counted and was active and why not, what won by which rule (read from the customer's record, not the cache).")
+    var explain = false
+
     func run() async throws {
         let client = try self.connection.makeClient()
         let request = CheckEntitlementsRequest(
@@ -24,12 +27,17 @@ struct CheckCommand: AsyncParsableCommand {
             entitlementIds: self.query.entitlements,
             at: self.query.instant,
             environment: self.query.requestedEnvironment,
-            minLogSequence: self.minimumSequence ?? 0
+            minLogSequence: self.minimumSequence ?? 0,
+            explain: self.explain
         )
         do {
             let response = try await client.checkEntitlements(request, timeout: self.connection.timeout)
             await client.close()
             print(self.query.render(response))
+            if let explanation = response.explanation, !self.query.json {
+                print("")
+                print(EntitlementsOutput.tree(explanation))
+            }
         } catch {
             await client.close()
             print("error: \(error)")

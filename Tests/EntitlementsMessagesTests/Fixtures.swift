@@ -80,7 +80,20 @@ enum Fixtures {
         entitlementIds: ["premium", "pro"],
         at: 1_767_225_600_000,
         environment: .sandbox,
-        minLogSequence: 42
+        minLogSequence: 42,
+        explain: true
+    )
+
+    static let candidate = CandidateExplanation(
+        kind: "chain", source: .appstore, id: "1000", productId: "com.app.monthly", counted: true, isActive: false, won: true,
+        reason: "current transaction 1001 expired at 2026-02-15T09:30:00.000Z (rule 3)", end: 1_771_147_800_000
+    )
+
+    static let explanation = Explanation(
+        entitlements: [EntitlementExplanation(entitlementId: "premium", candidates: [candidate], decision: "won by rule 6: the only counted candidate")],
+        validUntilFrom: "expirationDate of appstore transaction 1001",
+        logSequence: 42,
+        snapshotId: "snap-1"
     )
 
     static let checkResponse = CheckEntitlementsResponse(
@@ -90,7 +103,8 @@ enum Fixtures {
         validUntil: 1_769_904_000_000,
         entitlements: [entitlement, Entitlement(id: "pro", isActive: false)],
         logSequence: 42,
-        staleForMs: 31_000
+        staleForMs: 31_000,
+        explanation: explanation
     )
 
     static let entitlementChange = EntitlementChange(
@@ -121,6 +135,9 @@ enum Fixtures {
         subscriptionState,
         grant,
         entitlement,
+        explanation,
+        EntitlementExplanation(entitlementId: "premium", candidates: [candidate], decision: "won by rule 6: active beats inactive"),
+        candidate,
         checkRequest,
         checkResponse,
         BatchCheckEntitlementsRequest(

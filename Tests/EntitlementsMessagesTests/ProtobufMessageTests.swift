@@ -108,11 +108,11 @@ struct ProtobufRoundTripTests {
 
     @Test("an empty string and an absent string stay different")
     func emptyStringIsNotAbsent() throws {
-        let message = CheckEntitlementsRequest(userId: "")
+        let message = DeleteCustomerRequest(userId: "")
         let bytes = try message.serializedBytes()
         #expect(bytes == [0x0A, 0x00])
-        #expect(try CheckEntitlementsRequest(serializedBytes: bytes).userId == "")
-        #expect(try CheckEntitlementsRequest(serializedBytes: []).userId == nil)
+        #expect(try DeleteCustomerRequest(serializedBytes: bytes).userId == "")
+        #expect(try DeleteCustomerRequest(serializedBytes: []).userId == nil)
     }
 
     @Test("an unknown enum value fails a decode, unless the decode tolerates it (a client reading a newer server)")

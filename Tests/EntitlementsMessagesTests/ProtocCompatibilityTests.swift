@@ -24,6 +24,7 @@ struct ProtocCompatibilityTests {
                 at: 1767225600000
                 environment: ENVIRONMENT_SANDBOX
                 min_log_sequence: 42
+                explain: true
 
                 """
         )

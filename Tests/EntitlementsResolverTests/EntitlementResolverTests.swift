@@ -455,6 +455,25 @@ struct ValidUntilRuleTests {
         #expect(resolver.resolve(record, at: t0 + day).validUntil == expected, "\(name)")
     }
 
+    @Test("validUntil skips the input dates that change no field of the answer", arguments: [
+        ("a losing monthly chain beside an annual one that ends later",
+         customer([tx("m", chain: "m", product: "monthly", at: t0, expires: t0 + 30 * day), tx("a", chain: "a", product: "annual", at: t0, expires: t0 + 365 * day)]),
+         Int64?(t0 + 365 * day)),
+        ("a grant beside a lifetime purchase", customer([tx("l", chain: "l", product: "lifetime", type: .nonConsumablePurchase, at: t0)], grants: [grant("g", granted: t0, expires: t0 + 30 * day)]), nil),
+        ("the expiry of a transaction already revoked", customer([tx("1", at: t0, expires: t0 + 30 * day, revoked: t0)]), nil),
+        ("the expiry of a product that maps no entitlement",
+         customer([tx("1", at: t0, expires: t0 + 30 * day), tx("c", chain: "c", product: "coins", at: t0, expires: t0 + 2 * day)]), Int64?(t0 + 30 * day)),
+        ("a grace end before the expiration", customer([tx("1", at: t0, expires: t0 + 30 * day)], states: [state(grace: t0 + 3 * day)]), Int64?(t0 + 30 * day)),
+    ])
+    func exact(name: String, record: CustomerRecord, expected: Int64?) {
+        let answer = resolver.resolve(record, at: t0 + day)
+        #expect(answer.validUntil == expected, "\(name)")
+        if let expected {
+            #expect(resolver.resolve(record, at: expected).entitlements != answer.entitlements, "\(name): the answer changes at validUntil")
+        }
+        #expect(resolver.resolve(record, at: t0 + day, entitlementIds: ["pro"]).validUntil == expected, "\(name): the filter does not change it")
+    }
+
     @Test("validUntil is nil when nothing can change")
     func never() {
         let record = customer(

@@ -44,6 +44,43 @@ struct ResolverPropertyTests {
         }
     }
 
+    @Test("validUntil is exact: the first instant a brute-force search finds a field of the answer changed at, never later")
+    func validUntilAgainstBruteForce() {
+        var exact = 0
+        var total = 0
+        for seed in 1...400 {
+            var random = SplitMix64(seed: UInt64(seed))
+            let record = RandomCustomer.make(using: &random)
+            let instant = RandomCustomer.instant(using: &random)
+            let answer = resolver.resolve(record, at: instant)
+            // Every instant the generated dates can fall on (whole hours), and the
+            // millisecond after each, from T on: the first at which the entitlements differ.
+            var changed: Int64?
+            search: for hour in 0...Int64(160) {
+                for probe in [t0 + hour * Self.hour, t0 + hour * Self.hour + 1] where probe > instant {
+                    if resolver.resolve(record, at: probe).entitlements != answer.entitlements {
+                        changed = probe
+                        break search
+                    }
+                }
+            }
+            total += 1
+            if answer.validUntil == changed {
+                exact += 1
+            }
+            if let validUntil = answer.validUntil {
+                #expect(validUntil <= changed ?? .max, "seed \(seed): validUntil \(validUntil) is after the change at \(changed.map(String.init) ?? "never")")
+            } else {
+                #expect(changed == nil, "seed \(seed): validUntil is nil, but the answer changes at \(changed ?? 0)")
+            }
+        }
+        let share = Double(exact) / Double(total)
+        print("validUntil exact in \(exact) of \(total) generated customers (\(String(format: "%.1f", share * 100))%), never late")
+        #expect(share >= 0.95, "exact in \(exact) of \(total)")
+    }
+
+    static let hour: Int64 = 3_600_000
+
     @Test("validUntil is a real change point or later: some input date equals it")
     func validUntilIsAnInputDate() async {
         await propertyCheck(count: 200, input: Gen.int(in: 0...Int.max)) { seed in

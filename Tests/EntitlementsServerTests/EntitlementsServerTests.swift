@@ -162,7 +162,7 @@ struct EntitlementsServerTests {
         connection.send([RawConnection.request(3, CheckEntitlementsRequest(userId: "user-1"))])
         let error = try #require(try connection.receive())
         #expect(error.type == .error && error.status == .invalidArgument)
-        #expect(error.message == "request id 3 is not greater than the previous one (3); ids must increase (at stream offset 106)")
+        #expect(error.message == "request id 3 is not greater than the previous one (3); ids must increase (at stream offset 108)")
         #expect(try connection.receive() == nil)
         try await fixture.stop()
     }

@@ -82,7 +82,8 @@ struct ProtocolPromisesTests {
     }
 
     @Test("every connection error names its stream offset", arguments: [
-        ([RawConnection.request(5, CheckEntitlementsRequest(userId: "u")), RawConnection.request(5, CheckEntitlementsRequest(userId: "u"))], 27),
+        // 24 bytes of header, then 5 of message (user_id "u", and explain false: bools are always sent).
+        ([RawConnection.request(5, CheckEntitlementsRequest(userId: "u")), RawConnection.request(5, CheckEntitlementsRequest(userId: "u"))], 29),
         ([RawConnection.request(0, CheckEntitlementsRequest(userId: "u"))], 0),
         ([Frame(type: .ping, requestID: 1), Frame(type: .response, requestID: 1, payload: ByteBuffer())], 24),
         ([Frame(type: .streamMessage, requestID: 1, payload: ByteBuffer())], 0),

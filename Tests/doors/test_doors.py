@@ -150,6 +150,25 @@ class GRPCDoor(unittest.TestCase):
         self.assertEqual(answer.user_id, "$anon:abc")
         self.assertEqual(answer.customer_id, "user-1")
 
+    def test_explain(self):
+        """docs/PROTOCOL.md, "Explain": the same answer, with every candidate and why;
+        never from the cache (the plain check before it filled it)."""
+        feb18 = 1771372800000  # docs/examples/user-2-at-2026-02-18.json
+        plain = self.check("user-2", at=feb18)
+        explained = self.check("user-2", at=feb18, explain=True)
+        self.assertEqual(list(explained.entitlements), list(plain.entitlements))
+        self.assertEqual(explained.valid_until, plain.valid_until)
+        self.assertFalse(plain.HasField("explanation"))
+        premium = {e.entitlement_id: e for e in explained.explanation.entitlements}["premium"]
+        self.assertTrue(premium.candidates[0].won and premium.candidates[0].is_active)
+        self.assertIn("in grace until", premium.candidates[0].reason)
+        self.assertIn("rule 6", premium.decision)
+        self.assertEqual(explained.explanation.valid_until_from, "gracePeriodExpirationDate of the state of stripe chain sub_1")
+        status, body = post_json(SERVICE + "CheckEntitlements", {"userId": "user-2", "at": str(feb18), "explain": True})
+        self.assertEqual(status, 200)
+        self.assertEqual(list(body)[-1], "explanation")
+        self.assertTrue(body["explanation"]["entitlements"][0]["candidates"][0]["won"])
+
     def test_batch(self):
         answer = self.stub.BatchCheckEntitlements(
             svc.BatchCheckEntitlementsRequest(user_ids=["user-1", "nobody-b", "$anon:abc"], at=AT), timeout=10)

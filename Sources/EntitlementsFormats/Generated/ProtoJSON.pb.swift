@@ -204,6 +204,46 @@ extension Entitlement: ProtoJSONDecodable {
     }
 }
 
+extension Explanation: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.Explanation")
+        self.init()
+        self.entitlements = try object.messages("entitlements", "entitlements", as: EntitlementExplanation.self)
+        self.validUntilFrom = try object.string("validUntilFrom", "valid_until_from")
+        self.logSequence = try object.uint64("logSequence", "log_sequence")
+        self.snapshotId = try object.string("snapshotId", "snapshot_id")
+        try object.finish()
+    }
+}
+
+extension EntitlementExplanation: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.EntitlementExplanation")
+        self.init()
+        self.entitlementId = try object.string("entitlementId", "entitlement_id")
+        self.candidates = try object.messages("candidates", "candidates", as: CandidateExplanation.self)
+        self.decision = try object.string("decision", "decision")
+        try object.finish()
+    }
+}
+
+extension CandidateExplanation: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.CandidateExplanation")
+        self.init()
+        self.kind = try object.string("kind", "kind")
+        self.source = try object.enumeration("source", "source", as: Source.self) ?? .unknown
+        self.id = try object.string("id", "id")
+        self.productId = try object.string("productId", "product_id")
+        self.counted = try object.bool("counted", "counted")
+        self.isActive = try object.bool("isActive", "is_active")
+        self.won = try object.bool("won", "won")
+        self.reason = try object.string("reason", "reason")
+        self.end = try object.int64("end", "end")
+        try object.finish()
+    }
+}
+
 extension ChangeCause: ProtoJSONEnum {
     public static let protoJSONNames: [(String, ChangeCause)] = [
         ("CHANGE_CAUSE_UNSPECIFIED", .unspecified),
@@ -230,6 +270,7 @@ extension CheckEntitlementsRequest: ProtoJSONDecodable {
         self.at = try object.int64("at", "at")
         self.environment = try object.enumeration("environment", "environment", as: Environment.self) ?? .unspecified
         self.minLogSequence = try object.uint64("minLogSequence", "min_log_sequence")
+        self.explain = try object.bool("explain", "explain")
         try object.finish()
     }
 }
@@ -245,6 +286,7 @@ extension CheckEntitlementsResponse: ProtoJSONDecodable {
         self.entitlements = try object.messages("entitlements", "entitlements", as: Entitlement.self)
         self.logSequence = try object.uint64("logSequence", "log_sequence")
         self.staleForMs = try object.uint64("staleForMs", "stale_for_ms")
+        self.explanation = try object.message("explanation", "explanation", as: Explanation.self)
         try object.finish()
     }
 }

@@ -114,7 +114,8 @@ public final class AppStoreServerAPI: Sendable {
                 .storeDenied,
                 "\(what): HTTP \(answer.status) (\(answer.message)): Apple refused the token; check --appstore-key-id, --appstore-issuer-id and that the key is an active in-app purchase key"
             )
-        case 404, 400 where answer.status == 404 || answer.json?["errorCode"].int64 == 4_000_006:
+        case 404,
+            400 where answer.json?["errorCode"].int64 == 4_000_006:
             // 4040010 TransactionIdNotFound, 4000006 InvalidTransactionId, 4040001 AccountNotFound ...
             throw IngestionRejection(.unknownTransaction, "\(what): Apple does not know this transaction in \(where_) for \(bundleId) (HTTP \(answer.status): \(answer.message))")
         case 400:

@@ -45,6 +45,10 @@ public struct CheckEntitlementsRequest: Sendable, Hashable {
     /// timeout. Still behind, the call fails UNAVAILABLE, naming the sequence the server has
     /// applied. 0 or absent: answer at once.
     public var minLogSequence: UInt64 = 0
+    /// Explain the answer (CheckEntitlementsResponse.explanation): every candidate and why.
+    /// Read from the customer's record, never from nor into the answer cache; for support
+    /// tools, not for the hot path.
+    public var explain: Bool = false
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -55,13 +59,15 @@ public struct CheckEntitlementsRequest: Sendable, Hashable {
         entitlementIds: [String] = [],
         at: Int64? = nil,
         environment: Environment = .unspecified,
-        minLogSequence: UInt64 = 0
+        minLogSequence: UInt64 = 0,
+        explain: Bool = false
     ) {
         self.userId = userId
         self.entitlementIds = entitlementIds
         self.at = at
         self.environment = environment
         self.minLogSequence = minLogSequence
+        self.explain = explain
     }
 }
 
@@ -102,6 +108,7 @@ extension CheckEntitlementsRequest: ProtobufCBacked {
         self.at = c.has_at != 0 ? c.at : nil
         self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
         self.minLogSequence = c.has_min_log_sequence != 0 ? c.min_log_sequence : 0
+        self.explain = c.has_explain != 0 && c.explain != 0
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -112,6 +119,7 @@ extension CheckEntitlementsRequest: ProtobufCBacked {
         if let value = self.at { c.pointee.has_at = 1; c.pointee.at = value }
         if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
         if self.minLogSequence != 0 { c.pointee.has_min_log_sequence = 1; c.pointee.min_log_sequence = self.minLogSequence }
+        c.pointee.has_explain = 1; c.pointee.explain = self.explain ? 1 : 0
         return c
     }
 }
@@ -124,7 +132,8 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
     public var customerId: String? = nil
     /// The instant the answer was evaluated at.
     public var requestDate: Int64? = nil
-    /// The next instant at which the answer can change; absent if it never can.
+    /// The next instant at which the answer changes with time (docs/entitlement-rules.md,
+    /// rule 12: exact, never late); absent if it never does. Writes change it too.
     public var validUntil: Int64? = nil
     /// Sorted by id. An unknown user, or one without purchases or grants, has none.
     public var entitlements: [Entitlement] = []
@@ -137,6 +146,8 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
     /// in milliseconds. The answer is what the server applied; writes made elsewhere since
     /// may be missing. Absent otherwise (docs/fleet.md, "Staleness").
     public var staleForMs: UInt64 = 0
+    /// Only when the request asked to explain.
+    public var explanation: Explanation? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -149,7 +160,8 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
         validUntil: Int64? = nil,
         entitlements: [Entitlement] = [],
         logSequence: UInt64 = 0,
-        staleForMs: UInt64 = 0
+        staleForMs: UInt64 = 0,
+        explanation: Explanation? = nil
     ) {
         self.userId = userId
         self.customerId = customerId
@@ -158,6 +170,7 @@ public struct CheckEntitlementsResponse: Sendable, Hashable {
         self.entitlements = entitlements
         self.logSequence = logSequence
         self.staleForMs = staleForMs
+        self.explanation = explanation
     }
 }
 
@@ -200,6 +213,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         self.entitlements = try liftMessages(c.n_entitlements, c.entitlements, as: Entitlement.self, field: "entitlements")
         self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
         self.staleForMs = c.has_stale_for_ms != 0 ? c.stale_for_ms : 0
+        self.explanation = try liftMessage(c.explanation, as: Explanation.self, field: "explanation")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -212,6 +226,7 @@ extension CheckEntitlementsResponse: ProtobufCBacked {
         (c.pointee.n_entitlements, c.pointee.entitlements) = try arena.lowerMessages(self.entitlements, field: "entitlements")
         if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
         if self.staleForMs != 0 { c.pointee.has_stale_for_ms = 1; c.pointee.stale_for_ms = self.staleForMs }
+        c.pointee.explanation = try arena.lowerMessage(self.explanation, field: "explanation")
         return c
     }
 }

@@ -742,3 +742,267 @@ extension Entitlement: ProtobufCBacked {
         return c
     }
 }
+
+/// Why a check answered as it did (CheckEntitlementsRequest.explain): every candidate of
+/// every entitlement, whether it counted and was active at the instant and why not, and
+/// what decided, by the rule numbers of docs/entitlement-rules.md.
+public struct Explanation: Sendable, Hashable {
+    /// One per entitlement asked about, or with none asked, per entitlement the customer's
+    /// products and grants could give; sorted by id.
+    public var entitlements: [EntitlementExplanation] = []
+    /// Which input date valid_until is ("expirationDate of appstore transaction 1001");
+    /// absent with valid_until.
+    public var validUntilFrom: String? = nil
+    /// The log sequence the customer's record was read at, and the snapshot under it.
+    public var logSequence: UInt64 = 0
+    /// The `snapshot_id` field.
+    public var snapshotId: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        entitlements: [EntitlementExplanation] = [],
+        validUntilFrom: String? = nil,
+        logSequence: UInt64 = 0,
+        snapshotId: String? = nil
+    ) {
+        self.entitlements = entitlements
+        self.validUntilFrom = validUntilFrom
+        self.logSequence = logSequence
+        self.snapshotId = snapshotId
+    }
+}
+
+extension Explanation: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.Explanation"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension Explanation: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__Explanation
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__explanation__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__explanation__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__explanation__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.entitlements = try liftMessages(c.n_entitlements, c.entitlements, as: EntitlementExplanation.self, field: "entitlements")
+        self.validUntilFrom = try liftString(c.valid_until_from, field: "valid_until_from")
+        self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
+        self.snapshotId = try liftString(c.snapshot_id, field: "snapshot_id")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__explanation__init(c)
+        (c.pointee.n_entitlements, c.pointee.entitlements) = try arena.lowerMessages(self.entitlements, field: "entitlements")
+        c.pointee.valid_until_from = try arena.lowerString(self.validUntilFrom, field: "valid_until_from")
+        if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
+        c.pointee.snapshot_id = try arena.lowerString(self.snapshotId, field: "snapshot_id")
+        return c
+    }
+}
+
+/// The `entitlements.v1.EntitlementExplanation` message.
+public struct EntitlementExplanation: Sendable, Hashable {
+    /// The `entitlement_id` field.
+    public var entitlementId: String? = nil
+    /// Every chain and grant considered: the winner first, then the other counted
+    /// candidates in rule 6's order, then those not counted.
+    public var candidates: [CandidateExplanation] = []
+    /// Why the winner won (the step of rule 6 that decided), or why there is none.
+    public var decision: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        entitlementId: String? = nil,
+        candidates: [CandidateExplanation] = [],
+        decision: String? = nil
+    ) {
+        self.entitlementId = entitlementId
+        self.candidates = candidates
+        self.decision = decision
+    }
+}
+
+extension EntitlementExplanation: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.EntitlementExplanation"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension EntitlementExplanation: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__EntitlementExplanation
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__entitlement_explanation__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__entitlement_explanation__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__entitlement_explanation__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.entitlementId = try liftString(c.entitlement_id, field: "entitlement_id")
+        self.candidates = try liftMessages(c.n_candidates, c.candidates, as: CandidateExplanation.self, field: "candidates")
+        self.decision = try liftString(c.decision, field: "decision")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__entitlement_explanation__init(c)
+        c.pointee.entitlement_id = try arena.lowerString(self.entitlementId, field: "entitlement_id")
+        (c.pointee.n_candidates, c.pointee.candidates) = try arena.lowerMessages(self.candidates, field: "candidates")
+        c.pointee.decision = try arena.lowerString(self.decision, field: "decision")
+        return c
+    }
+}
+
+/// The `entitlements.v1.CandidateExplanation` message.
+public struct CandidateExplanation: Sendable, Hashable {
+    /// "chain" (a store's transactions with one original transaction id) or "grant".
+    public var kind: String? = nil
+    /// The `source` field.
+    public var source: Source = .unknown
+    /// The chain's original transaction id, or the grant's id.
+    public var id: String? = nil
+    /// The chain's current product at the instant; absent for a grant.
+    public var productId: String? = nil
+    /// Whether the rules count it for this entitlement at the instant (rules 1, 4 and 5):
+    /// false for another environment, a chain or grant not started yet, a product that
+    /// does not unlock the entitlement.
+    public var counted: Bool = false
+    /// The `is_active` field.
+    public var isActive: Bool = false
+    /// The `won` field.
+    public var won: Bool = false
+    /// Why, in words with the instants and rule numbers: "expired at
+    /// 2026-02-15T09:30:00.000Z (rule 3)", "revoked at ... (rule 2)", "other environment
+    /// (rule 1)", "in grace until ... (rule 3)".
+    public var reason: String? = nil
+    /// When its access ends (active) or ended (inactive); absent if never.
+    public var end: Int64? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        kind: String? = nil,
+        source: Source = .unknown,
+        id: String? = nil,
+        productId: String? = nil,
+        counted: Bool = false,
+        isActive: Bool = false,
+        won: Bool = false,
+        reason: String? = nil,
+        end: Int64? = nil
+    ) {
+        self.kind = kind
+        self.source = source
+        self.id = id
+        self.productId = productId
+        self.counted = counted
+        self.isActive = isActive
+        self.won = won
+        self.reason = reason
+        self.end = end
+    }
+}
+
+extension CandidateExplanation: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.CandidateExplanation"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension CandidateExplanation: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__CandidateExplanation
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__candidate_explanation__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__candidate_explanation__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__candidate_explanation__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.kind = try liftString(c.kind, field: "kind")
+        self.source = try liftEnum(has: c.has_source, c.source.rawValue, as: Source.self, field: "source")
+        self.id = try liftString(c.id, field: "id")
+        self.productId = try liftString(c.product_id, field: "product_id")
+        self.counted = c.has_counted != 0 && c.counted != 0
+        self.isActive = c.has_is_active != 0 && c.is_active != 0
+        self.won = c.has_won != 0 && c.won != 0
+        self.reason = try liftString(c.reason, field: "reason")
+        self.end = c.has_end != 0 ? c.end : nil
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__candidate_explanation__init(c)
+        c.pointee.kind = try arena.lowerString(self.kind, field: "kind")
+        if self.source != .unknown { c.pointee.has_source = 1; c.pointee.source = .init(rawValue: .init(truncatingIfNeeded: self.source.rawValue)) }
+        c.pointee.id = try arena.lowerString(self.id, field: "id")
+        c.pointee.product_id = try arena.lowerString(self.productId, field: "product_id")
+        c.pointee.has_counted = 1; c.pointee.counted = self.counted ? 1 : 0
+        c.pointee.has_is_active = 1; c.pointee.is_active = self.isActive ? 1 : 0
+        c.pointee.has_won = 1; c.pointee.won = self.won ? 1 : 0
+        c.pointee.reason = try arena.lowerString(self.reason, field: "reason")
+        if let value = self.end { c.pointee.has_end = 1; c.pointee.end = value }
+        return c
+    }
+}

@@ -306,6 +306,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.plainCall.access = self.credentials.access
         }
         switch frame.method {
+        case .checkEntitlements where Self.asksToExplain(frame.payload):
+            self.route(frame, deadline: deadline)  // not the hot path: its answer is a message, not a cached answer
         case .checkEntitlements:
             self.check(frame, deadline: deadline)
         case .watchEntitlements:
@@ -314,6 +316,27 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             self.authenticate(frame)
         default:
             self.route(frame, deadline: deadline)
+        }
+    }
+
+    /// Whether a CheckEntitlementsRequest's bytes set `explain` (field 6); malformed bytes
+    /// say no (the check's own decoding refuses them).
+    private static func asksToExplain(_ payload: ByteBuffer) -> Bool {
+        payload.withUnsafeReadableBytes { bytes in
+            var reader = ProtobufReader(bytes: bytes)
+            while !reader.isAtEnd {
+                guard let tag = reader.varint() else { return false }
+                switch tag & 7 {
+                case 0:
+                    guard let value = reader.varint() else { return false }
+                    if tag >> 3 == 6 { return value != 0 }
+                case 2:
+                    guard reader.lengthDelimited() != nil else { return false }
+                default:
+                    return false
+                }
+            }
+            return false
         }
     }
 

@@ -20,6 +20,8 @@ public protocol CallCodec: Sendable {
     func encode(_ answer: WriteResponse) throws -> Encoded
     func encode(_ answer: CompactResponse) throws -> Encoded
     func encode(_ answer: SubmitPurchaseResponse) throws -> Encoded
+    /// An explained check's answer (``CheckEntitlementsRequest/explain``).
+    func encode(_ answer: CheckEntitlementsResponse) throws -> Encoded
 
     /// The size of an encoded answer's message, for ``AnswerLimit``.
     func byteCount(of encoded: Encoded) -> Int
@@ -102,6 +104,10 @@ public struct ProtobufCodec: CallCodec {
     }
 
     public func encode(_ answer: SubmitPurchaseResponse) throws -> ByteBuffer {
+        try self.encoded { try answer.serialize(into: &$0) }
+    }
+
+    public func encode(_ answer: CheckEntitlementsResponse) throws -> ByteBuffer {
         try self.encoded { try answer.serialize(into: &$0) }
     }
 
@@ -290,6 +296,9 @@ extension EntitlementMethods {
             switch method {
             case .checkEntitlements:
                 let request = try codec.decode(CheckEntitlementsRequest.self, from: body)
+                if request.explain {
+                    return Self.encoded(self.explainedCheck(request, call), codec) { try codec.encode($0) }
+                }
                 return Self.encoded(self.checkEntitlements(request, call).noted(on: call.span), codec) { try codec.encode($0) }
             case .batchCheckEntitlements:
                 let request = try codec.decode(BatchCheckEntitlementsRequest.self, from: body)

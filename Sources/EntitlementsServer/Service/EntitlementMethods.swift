@@ -477,7 +477,7 @@ public final class EntitlementMethods: Sendable {
     /// at most --min-sequence-wait for them (fleet mode polls at once), then `run` answers
     /// it as usual; still behind, it fails UNAVAILABLE naming the sequence applied here.
     /// Off the hot path: a check without the field never comes here.
-    private func afterCatchingUp<Value: Sendable>(
+    func afterCatchingUp<Value: Sendable>(
         to minimum: UInt64,
         on loop: any EventLoop,
         run: @escaping (EntitlementMethods) -> EventLoopFuture<Result<Value, ServiceError>>

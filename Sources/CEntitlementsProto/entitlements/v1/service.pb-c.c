@@ -1132,7 +1132,7 @@ void   entitlements__v1__compact_response__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__compact_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_request__field_descriptors[5] =
+static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_request__field_descriptors[6] =
 {
   {
     "user_id",
@@ -1194,18 +1194,31 @@ static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_reque
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "explain",
+    6,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__CheckEntitlementsRequest, has_explain),
+    offsetof(Entitlements__V1__CheckEntitlementsRequest, explain),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__check_entitlements_request__field_indices_by_name[] = {
   2,   /* field[2] = at */
   1,   /* field[1] = entitlement_ids */
   3,   /* field[3] = environment */
+  5,   /* field[5] = explain */
   4,   /* field[4] = min_log_sequence */
   0,   /* field[0] = user_id */
 };
 static const ProtobufCIntRange entitlements__v1__check_entitlements_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_request__descriptor =
 {
@@ -1215,14 +1228,14 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_request__d
   "Entitlements__V1__CheckEntitlementsRequest",
   "entitlements.v1",
   sizeof(Entitlements__V1__CheckEntitlementsRequest),
-  5,
+  6,
   entitlements__v1__check_entitlements_request__field_descriptors,
   entitlements__v1__check_entitlements_request__field_indices_by_name,
   1,  entitlements__v1__check_entitlements_request__number_ranges,
   (ProtobufCMessageInit) entitlements__v1__check_entitlements_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_response__field_descriptors[7] =
+static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_response__field_descriptors[8] =
 {
   {
     "user_id",
@@ -1308,10 +1321,23 @@ static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_respo
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "explanation",
+    8,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CheckEntitlementsResponse, explanation),
+    &entitlements__v1__explanation__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__check_entitlements_response__field_indices_by_name[] = {
   1,   /* field[1] = customer_id */
   4,   /* field[4] = entitlements */
+  7,   /* field[7] = explanation */
   5,   /* field[5] = log_sequence */
   2,   /* field[2] = request_date */
   6,   /* field[6] = stale_for_ms */
@@ -1321,7 +1347,7 @@ static const unsigned entitlements__v1__check_entitlements_response__field_indic
 static const ProtobufCIntRange entitlements__v1__check_entitlements_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_response__descriptor =
 {
@@ -1331,7 +1357,7 @@ const ProtobufCMessageDescriptor entitlements__v1__check_entitlements_response__
   "Entitlements__V1__CheckEntitlementsResponse",
   "entitlements.v1",
   sizeof(Entitlements__V1__CheckEntitlementsResponse),
-  7,
+  8,
   entitlements__v1__check_entitlements_response__field_descriptors,
   entitlements__v1__check_entitlements_response__field_indices_by_name,
   1,  entitlements__v1__check_entitlements_response__number_ranges,

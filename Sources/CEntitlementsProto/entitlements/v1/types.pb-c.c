@@ -187,6 +187,141 @@ void   entitlements__v1__entitlement__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__entitlement__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   entitlements__v1__explanation__init
+                     (Entitlements__V1__Explanation         *message)
+{
+  static const Entitlements__V1__Explanation init_value = ENTITLEMENTS__V1__EXPLANATION__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__explanation__get_packed_size
+                     (const Entitlements__V1__Explanation *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__explanation__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__explanation__pack
+                     (const Entitlements__V1__Explanation *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__explanation__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__explanation__pack_to_buffer
+                     (const Entitlements__V1__Explanation *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__explanation__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__Explanation *
+       entitlements__v1__explanation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__Explanation *)
+     protobuf_c_message_unpack (&entitlements__v1__explanation__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__explanation__free_unpacked
+                     (Entitlements__V1__Explanation *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__explanation__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__entitlement_explanation__init
+                     (Entitlements__V1__EntitlementExplanation         *message)
+{
+  static const Entitlements__V1__EntitlementExplanation init_value = ENTITLEMENTS__V1__ENTITLEMENT_EXPLANATION__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__entitlement_explanation__get_packed_size
+                     (const Entitlements__V1__EntitlementExplanation *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__entitlement_explanation__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__entitlement_explanation__pack
+                     (const Entitlements__V1__EntitlementExplanation *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__entitlement_explanation__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__entitlement_explanation__pack_to_buffer
+                     (const Entitlements__V1__EntitlementExplanation *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__entitlement_explanation__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__EntitlementExplanation *
+       entitlements__v1__entitlement_explanation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__EntitlementExplanation *)
+     protobuf_c_message_unpack (&entitlements__v1__entitlement_explanation__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__entitlement_explanation__free_unpacked
+                     (Entitlements__V1__EntitlementExplanation *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__entitlement_explanation__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__candidate_explanation__init
+                     (Entitlements__V1__CandidateExplanation         *message)
+{
+  static const Entitlements__V1__CandidateExplanation init_value = ENTITLEMENTS__V1__CANDIDATE_EXPLANATION__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__candidate_explanation__get_packed_size
+                     (const Entitlements__V1__CandidateExplanation *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__candidate_explanation__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__candidate_explanation__pack
+                     (const Entitlements__V1__CandidateExplanation *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__candidate_explanation__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__candidate_explanation__pack_to_buffer
+                     (const Entitlements__V1__CandidateExplanation *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__candidate_explanation__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__CandidateExplanation *
+       entitlements__v1__candidate_explanation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__CandidateExplanation *)
+     protobuf_c_message_unpack (&entitlements__v1__candidate_explanation__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__candidate_explanation__free_unpacked
+                     (Entitlements__V1__CandidateExplanation *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__candidate_explanation__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descriptors[14] =
 {
   {
@@ -1065,6 +1200,289 @@ const ProtobufCMessageDescriptor entitlements__v1__entitlement__descriptor =
   entitlements__v1__entitlement__field_indices_by_name,
   1,  entitlements__v1__entitlement__number_ranges,
   (ProtobufCMessageInit) entitlements__v1__entitlement__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__explanation__field_descriptors[4] =
+{
+  {
+    "entitlements",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__Explanation, n_entitlements),
+    offsetof(Entitlements__V1__Explanation, entitlements),
+    &entitlements__v1__entitlement_explanation__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "valid_until_from",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__Explanation, valid_until_from),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "log_sequence",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__Explanation, has_log_sequence),
+    offsetof(Entitlements__V1__Explanation, log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "snapshot_id",
+    4,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__Explanation, snapshot_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__explanation__field_indices_by_name[] = {
+  0,   /* field[0] = entitlements */
+  2,   /* field[2] = log_sequence */
+  3,   /* field[3] = snapshot_id */
+  1,   /* field[1] = valid_until_from */
+};
+static const ProtobufCIntRange entitlements__v1__explanation__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__explanation__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.Explanation",
+  "Explanation",
+  "Entitlements__V1__Explanation",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__Explanation),
+  4,
+  entitlements__v1__explanation__field_descriptors,
+  entitlements__v1__explanation__field_indices_by_name,
+  1,  entitlements__v1__explanation__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__explanation__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__entitlement_explanation__field_descriptors[3] =
+{
+  {
+    "entitlement_id",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__EntitlementExplanation, entitlement_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "candidates",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__EntitlementExplanation, n_candidates),
+    offsetof(Entitlements__V1__EntitlementExplanation, candidates),
+    &entitlements__v1__candidate_explanation__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "decision",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__EntitlementExplanation, decision),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__entitlement_explanation__field_indices_by_name[] = {
+  1,   /* field[1] = candidates */
+  2,   /* field[2] = decision */
+  0,   /* field[0] = entitlement_id */
+};
+static const ProtobufCIntRange entitlements__v1__entitlement_explanation__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__entitlement_explanation__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.EntitlementExplanation",
+  "EntitlementExplanation",
+  "Entitlements__V1__EntitlementExplanation",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__EntitlementExplanation),
+  3,
+  entitlements__v1__entitlement_explanation__field_descriptors,
+  entitlements__v1__entitlement_explanation__field_indices_by_name,
+  1,  entitlements__v1__entitlement_explanation__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__entitlement_explanation__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__candidate_explanation__field_descriptors[9] =
+{
+  {
+    "kind",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CandidateExplanation, kind),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "source",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__CandidateExplanation, has_source),
+    offsetof(Entitlements__V1__CandidateExplanation, source),
+    &entitlements__v1__source__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "id",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CandidateExplanation, id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "product_id",
+    4,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CandidateExplanation, product_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "counted",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__CandidateExplanation, has_counted),
+    offsetof(Entitlements__V1__CandidateExplanation, counted),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "is_active",
+    6,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__CandidateExplanation, has_is_active),
+    offsetof(Entitlements__V1__CandidateExplanation, is_active),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "won",
+    7,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__CandidateExplanation, has_won),
+    offsetof(Entitlements__V1__CandidateExplanation, won),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reason",
+    8,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CandidateExplanation, reason),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "end",
+    9,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__CandidateExplanation, has_end),
+    offsetof(Entitlements__V1__CandidateExplanation, end),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__candidate_explanation__field_indices_by_name[] = {
+  4,   /* field[4] = counted */
+  8,   /* field[8] = end */
+  2,   /* field[2] = id */
+  5,   /* field[5] = is_active */
+  0,   /* field[0] = kind */
+  3,   /* field[3] = product_id */
+  7,   /* field[7] = reason */
+  1,   /* field[1] = source */
+  6,   /* field[6] = won */
+};
+static const ProtobufCIntRange entitlements__v1__candidate_explanation__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 9 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__candidate_explanation__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.CandidateExplanation",
+  "CandidateExplanation",
+  "Entitlements__V1__CandidateExplanation",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__CandidateExplanation),
+  9,
+  entitlements__v1__candidate_explanation__field_descriptors,
+  entitlements__v1__candidate_explanation__field_indices_by_name,
+  1,  entitlements__v1__candidate_explanation__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__candidate_explanation__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue entitlements__v1__source__enum_values_by_number[5] =

@@ -113,10 +113,17 @@ struct  Entitlements__V1__CheckEntitlementsRequest
    */
   protobuf_c_boolean has_min_log_sequence;
   uint64_t min_log_sequence;
+  /*
+   * Explain the answer (CheckEntitlementsResponse.explanation): every candidate and why.
+   * Read from the customer's record, never from nor into the answer cache; for support
+   * tools, not for the hot path.
+   */
+  protobuf_c_boolean has_explain;
+  protobuf_c_boolean explain;
 };
 #define ENTITLEMENTS__V1__CHECK_ENTITLEMENTS_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__check_entitlements_request__descriptor) \
-    , NULL, 0,NULL, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, 0 }
+    , NULL, 0,NULL, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED, 0, 0, 0, 0 }
 
 
 struct  Entitlements__V1__CheckEntitlementsResponse
@@ -136,7 +143,8 @@ struct  Entitlements__V1__CheckEntitlementsResponse
   protobuf_c_boolean has_request_date;
   int64_t request_date;
   /*
-   * The next instant at which the answer can change; absent if it never can.
+   * The next instant at which the answer changes with time (docs/entitlement-rules.md,
+   * rule 12: exact, never late); absent if it never does. Writes change it too.
    */
   protobuf_c_boolean has_valid_until;
   int64_t valid_until;
@@ -160,10 +168,14 @@ struct  Entitlements__V1__CheckEntitlementsResponse
    */
   protobuf_c_boolean has_stale_for_ms;
   uint64_t stale_for_ms;
+  /*
+   * Only when the request asked to explain.
+   */
+  Entitlements__V1__Explanation *explanation;
 };
 #define ENTITLEMENTS__V1__CHECK_ENTITLEMENTS_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__check_entitlements_response__descriptor) \
-    , NULL, NULL, 0, 0, 0, 0, 0,NULL, 0, 0, 0, 0 }
+    , NULL, NULL, 0, 0, 0, 0, 0,NULL, 0, 0, 0, 0, NULL }
 
 
 /*

@@ -19,6 +19,9 @@ typedef struct Entitlements__V1__Transaction Entitlements__V1__Transaction;
 typedef struct Entitlements__V1__SubscriptionState Entitlements__V1__SubscriptionState;
 typedef struct Entitlements__V1__Grant Entitlements__V1__Grant;
 typedef struct Entitlements__V1__Entitlement Entitlements__V1__Entitlement;
+typedef struct Entitlements__V1__Explanation Entitlements__V1__Explanation;
+typedef struct Entitlements__V1__EntitlementExplanation Entitlements__V1__EntitlementExplanation;
+typedef struct Entitlements__V1__CandidateExplanation Entitlements__V1__CandidateExplanation;
 
 
 /* --- enums --- */
@@ -418,6 +421,102 @@ struct  Entitlements__V1__Entitlement
     , NULL, 0, 0, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0, ENTITLEMENTS__V1__RENEW_STATE__RENEW_STATE_UNKNOWN, 0, 0, 0, ENTITLEMENTS__V1__GRANT_TYPE__GRANT_TYPE_UNSPECIFIED, NULL, 0,NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__OWNERSHIP_TYPE__OWNERSHIP_TYPE_UNSPECIFIED, 0, ENTITLEMENTS__V1__PERIOD_TYPE__PERIOD_TYPE_UNSPECIFIED, 0, 0, 0, 0, 0, ENTITLEMENTS__V1__CANCELLATION_REASON__CANCELLATION_REASON_UNSPECIFIED, 0, 0, NULL, 0, ENTITLEMENTS__V1__PRICE_CONSENT_STATUS__PRICE_CONSENT_STATUS_UNSPECIFIED, 0, ENTITLEMENTS__V1__SUBSCRIPTION_PERIOD__SUBSCRIPTION_PERIOD_UNSPECIFIED, 0, ENTITLEMENTS__V1__SUBSCRIPTION_STATUS__SUBSCRIPTION_STATUS_UNSPECIFIED }
 
 
+/*
+ * Why a check answered as it did (CheckEntitlementsRequest.explain): every candidate of
+ * every entitlement, whether it counted and was active at the instant and why not, and
+ * what decided, by the rule numbers of docs/entitlement-rules.md.
+ */
+struct  Entitlements__V1__Explanation
+{
+  ProtobufCMessage base;
+  /*
+   * One per entitlement asked about, or with none asked, per entitlement the customer's
+   * products and grants could give; sorted by id.
+   */
+  size_t n_entitlements;
+  Entitlements__V1__EntitlementExplanation **entitlements;
+  /*
+   * Which input date valid_until is ("expirationDate of appstore transaction 1001");
+   * absent with valid_until.
+   */
+  char *valid_until_from;
+  /*
+   * The log sequence the customer's record was read at, and the snapshot under it.
+   */
+  protobuf_c_boolean has_log_sequence;
+  uint64_t log_sequence;
+  char *snapshot_id;
+};
+#define ENTITLEMENTS__V1__EXPLANATION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__explanation__descriptor) \
+    , 0,NULL, NULL, 0, 0, NULL }
+
+
+struct  Entitlements__V1__EntitlementExplanation
+{
+  ProtobufCMessage base;
+  char *entitlement_id;
+  /*
+   * Every chain and grant considered: the winner first, then the other counted
+   * candidates in rule 6's order, then those not counted.
+   */
+  size_t n_candidates;
+  Entitlements__V1__CandidateExplanation **candidates;
+  /*
+   * Why the winner won (the step of rule 6 that decided), or why there is none.
+   */
+  char *decision;
+};
+#define ENTITLEMENTS__V1__ENTITLEMENT_EXPLANATION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__entitlement_explanation__descriptor) \
+    , NULL, 0,NULL, NULL }
+
+
+struct  Entitlements__V1__CandidateExplanation
+{
+  ProtobufCMessage base;
+  /*
+   * "chain" (a store's transactions with one original transaction id) or "grant".
+   */
+  char *kind;
+  protobuf_c_boolean has_source;
+  Entitlements__V1__Source source;
+  /*
+   * The chain's original transaction id, or the grant's id.
+   */
+  char *id;
+  /*
+   * The chain's current product at the instant; absent for a grant.
+   */
+  char *product_id;
+  /*
+   * Whether the rules count it for this entitlement at the instant (rules 1, 4 and 5):
+   * false for another environment, a chain or grant not started yet, a product that
+   * does not unlock the entitlement.
+   */
+  protobuf_c_boolean has_counted;
+  protobuf_c_boolean counted;
+  protobuf_c_boolean has_is_active;
+  protobuf_c_boolean is_active;
+  protobuf_c_boolean has_won;
+  protobuf_c_boolean won;
+  /*
+   * Why, in words with the instants and rule numbers: "expired at
+   * 2026-02-15T09:30:00.000Z (rule 3)", "revoked at ... (rule 2)", "other environment
+   * (rule 1)", "in grace until ... (rule 3)".
+   */
+  char *reason;
+  /*
+   * When its access ends (active) or ended (inactive); absent if never.
+   */
+  protobuf_c_boolean has_end;
+  int64_t end;
+};
+#define ENTITLEMENTS__V1__CANDIDATE_EXPLANATION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__candidate_explanation__descriptor) \
+    , NULL, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, NULL, 0, 0, 0, 0, 0, 0, NULL, 0, 0 }
+
+
 /* Entitlements__V1__Transaction methods */
 void   entitlements__v1__transaction__init
                      (Entitlements__V1__Transaction         *message);
@@ -494,6 +593,63 @@ Entitlements__V1__Entitlement *
 void   entitlements__v1__entitlement__free_unpacked
                      (Entitlements__V1__Entitlement *message,
                       ProtobufCAllocator *allocator);
+/* Entitlements__V1__Explanation methods */
+void   entitlements__v1__explanation__init
+                     (Entitlements__V1__Explanation         *message);
+size_t entitlements__v1__explanation__get_packed_size
+                     (const Entitlements__V1__Explanation   *message);
+size_t entitlements__v1__explanation__pack
+                     (const Entitlements__V1__Explanation   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__explanation__pack_to_buffer
+                     (const Entitlements__V1__Explanation   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__Explanation *
+       entitlements__v1__explanation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__explanation__free_unpacked
+                     (Entitlements__V1__Explanation *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__EntitlementExplanation methods */
+void   entitlements__v1__entitlement_explanation__init
+                     (Entitlements__V1__EntitlementExplanation         *message);
+size_t entitlements__v1__entitlement_explanation__get_packed_size
+                     (const Entitlements__V1__EntitlementExplanation   *message);
+size_t entitlements__v1__entitlement_explanation__pack
+                     (const Entitlements__V1__EntitlementExplanation   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__entitlement_explanation__pack_to_buffer
+                     (const Entitlements__V1__EntitlementExplanation   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__EntitlementExplanation *
+       entitlements__v1__entitlement_explanation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__entitlement_explanation__free_unpacked
+                     (Entitlements__V1__EntitlementExplanation *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__CandidateExplanation methods */
+void   entitlements__v1__candidate_explanation__init
+                     (Entitlements__V1__CandidateExplanation         *message);
+size_t entitlements__v1__candidate_explanation__get_packed_size
+                     (const Entitlements__V1__CandidateExplanation   *message);
+size_t entitlements__v1__candidate_explanation__pack
+                     (const Entitlements__V1__CandidateExplanation   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__candidate_explanation__pack_to_buffer
+                     (const Entitlements__V1__CandidateExplanation   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__CandidateExplanation *
+       entitlements__v1__candidate_explanation__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__candidate_explanation__free_unpacked
+                     (Entitlements__V1__CandidateExplanation *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Entitlements__V1__Transaction_Closure)
@@ -507,6 +663,15 @@ typedef void (*Entitlements__V1__Grant_Closure)
                   void *closure_data);
 typedef void (*Entitlements__V1__Entitlement_Closure)
                  (const Entitlements__V1__Entitlement *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__Explanation_Closure)
+                 (const Entitlements__V1__Explanation *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__EntitlementExplanation_Closure)
+                 (const Entitlements__V1__EntitlementExplanation *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__CandidateExplanation_Closure)
+                 (const Entitlements__V1__CandidateExplanation *message,
                   void *closure_data);
 
 /* --- services --- */
@@ -529,6 +694,9 @@ extern const ProtobufCMessageDescriptor entitlements__v1__transaction__descripto
 extern const ProtobufCMessageDescriptor entitlements__v1__subscription_state__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__grant__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__entitlement__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__explanation__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__entitlement_explanation__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__candidate_explanation__descriptor;
 
 PROTOBUF_C__END_DECLS
 

@@ -64,7 +64,13 @@ public struct EntitlementResolver: Sendable {
         guard let customer else {
             return Resolution()
         }
-        var answer = self.evaluate(customer, at: instant, environment: environment, entitlementIds: entitlementIds)
+        // Each entitlement's candidates are its own (rules 5 and 6), so the filtered answer
+        // is the whole customer's, filtered; validUntil is the whole customer's (rule 12).
+        let whole = self.evaluate(customer, at: instant, environment: environment, entitlementIds: [])
+        var answer = whole
+        if !entitlementIds.isEmpty {
+            answer.entitlements = whole.entitlements.filter { entitlementIds.contains($0.id ?? "") }
+        }
         // Rule 12, exact: the answer can change only at the input dates the evaluation
         // noted; the first of them at which the whole customer's answer (every
         // entitlement, whatever the filter) differs is validUntil. Each step goes to the
@@ -73,7 +79,6 @@ public struct EntitlementResolver: Sendable {
         guard var next = answer.validUntil else {
             return answer
         }
-        let whole = entitlementIds.isEmpty ? answer : self.evaluate(customer, at: instant, environment: environment, entitlementIds: [])
         for _ in 0..<Self.exactSteps {
             if Self.changes(whole, at: next) {
                 break  // a date the answer shows changes it: no need to look

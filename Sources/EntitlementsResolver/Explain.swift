@@ -11,13 +11,14 @@ extension EntitlementResolver {
         at instant: Int64,
         environment: Environment = .production,
         entitlementIds: [String] = [],
+        resolution known: Resolution? = nil,
         date: (Int64) -> String
     ) -> Explanation {
         guard let customer else {
-            return Explanation(entitlements: entitlementIds.sorted().map { EntitlementExplanation(entitlementId: $0, decision: "no such customer: nothing to give it") })
+            return Explanation(entitlements: Set(entitlementIds).sorted().map { EntitlementExplanation(entitlementId: $0, decision: "no such customer: nothing to give it") })
         }
         let environment = environment == .unspecified ? Environment.production : environment
-        let resolution = self.resolve(customer, at: instant, environment: environment, entitlementIds: entitlementIds)
+        let resolution = known ?? self.resolve(customer, at: instant, environment: environment, entitlementIds: entitlementIds)
 
         // Every chain, in any environment and from any date, with its members oldest first.
         var keys: [ChainKey] = []
@@ -56,11 +57,11 @@ extension EntitlementResolver {
                 explanation.end = candidate?.end
                 explanation.reason = Self.reason(chain, at: instant, date: date)
             }
-            for product in products {
-                for entitlementId in self.catalog.entitlements(unlockedBy: product) {
-                    if !asked { wanted.insert(entitlementId) }
-                    byEntitlement[entitlementId, default: []].append(Considered(explanation: explanation, candidate: candidate))
-                }
+            // Once per entitlement, though several of the chain's products unlock it.
+            let unlocked = Set(products.flatMap { self.catalog.entitlements(unlockedBy: $0) })
+            for entitlementId in unlocked.sorted() {
+                if !asked { wanted.insert(entitlementId) }
+                byEntitlement[entitlementId, default: []].append(Considered(explanation: explanation, candidate: candidate))
             }
             if asked {
                 // A chain whose product unlocks none of the entitlements asked about.
@@ -86,12 +87,17 @@ extension EntitlementResolver {
                 explanation.counted = true
                 explanation.isActive = made.isActive
                 explanation.end = made.end
-                if let revoked = grant.revokedDate, revoked <= instant {
+                // Whichever ended (or ends) first: rule 6 compares that.
+                let revoked = grant.revokedDate
+                let expires = grant.expirationDate
+                if let revoked, revoked <= instant, revoked <= (expires ?? .max) {
                     explanation.reason = "revoked at \(date(revoked)) (rule 4)"
-                } else if let expires = grant.expirationDate, expires <= instant {
+                } else if let expires, expires <= instant {
                     explanation.reason = "expired at \(date(expires)) (rule 4)"
+                } else if let revoked, revoked < (expires ?? .max) {
+                    explanation.reason = "granted; revoked from \(date(revoked)) (rule 4)"
                 } else {
-                    explanation.reason = grant.expirationDate.map { "granted until \(date($0)) (rule 4)" } ?? "granted for life (rule 4)"
+                    explanation.reason = expires.map { "granted until \(date($0)) (rule 4)" } ?? "granted for life (rule 4)"
                 }
             } else {
                 explanation.reason = "not started: granted from \(grant.grantedDate.map(date) ?? "no date") (rule 4)"
@@ -128,7 +134,9 @@ extension EntitlementResolver {
             }
             entitlements.append(EntitlementExplanation(entitlementId: entitlementId, candidates: considered.map(\.explanation), decision: decision))
         }
-        return Explanation(entitlements: entitlements, validUntilFrom: resolution.validUntil.map { Self.source(of: $0, in: customer, environment: environment) })
+        return Explanation(
+            entitlements: entitlements, validUntilFrom: resolution.validUntil.map { Self.source(of: $0, in: customer, answer: resolution, environment: environment) }
+        )
     }
 
     /// Rules 2 and 3 in words, for a counted chain.
@@ -166,8 +174,17 @@ extension EntitlementResolver {
         return "the smaller id (\(winner.tieBreakId) before \(other.tieBreakId))"
     }
 
-    /// The input date `validUntil` is, in words.
-    private static func source(of validUntil: Int64, in customer: CustomerRecord, environment: Environment) -> String {
+    /// The input date `validUntil` is, in words: preferably one of the answer's own (the
+    /// winners' dates change it), else the first input date equal to it.
+    private static func source(of validUntil: Int64, in customer: CustomerRecord, answer: Resolution, environment: Environment) -> String {
+        for entitlement in answer.entitlements {
+            let current = entitlement.transactions.last.map { "\(Self.name($0.store)) transaction \($0.transactionId ?? "?")" }
+            if let current, entitlement.expirationDate == validUntil { return "expirationDate of \(current)" }
+            if let current, entitlement.transactions.last?.revocationDate == validUntil { return "revocationDate of \(current)" }
+            let chain = entitlement.transactions.last.map { "the state of \(Self.name($0.store)) chain \($0.originalTransactionId ?? "?")" }
+            if let chain, entitlement.gracePeriodExpirationDate == validUntil { return "gracePeriodExpirationDate of \(chain)" }
+            if let chain, entitlement.billingIssueDetectedDate == validUntil { return "billingIssueDetectedDate of \(chain)" }
+        }
         for transaction in customer.transactions where transaction.effectiveEnvironment == environment {
             let which = "\(Self.name(transaction.store)) transaction \(transaction.transactionId ?? "?")"
             if transaction.transactionDate == validUntil { return "transactionDate of \(which)" }

@@ -50,6 +50,24 @@ struct ExplainTests {
         #expect(self.explain(nil, at: t0, entitlementIds: ["pro"]).entitlements.first?.decision == "no such customer: nothing to give it")
     }
 
+    @Test("a chain is listed once per entitlement though its products changed; a grant says what ended it first")
+    func onceAndFirstEnd() throws {
+        let record = customer(
+            [
+                tx("s1", chain: "s", product: "monthly", at: t0, expires: t0 + 30 * day, environment: .sandbox),
+                tx("s2", chain: "s", product: "annual", at: t0 + 30 * day, expires: t0 + 395 * day, environment: .sandbox),
+            ],
+            grants: [
+                grant("g1", granted: t0, expires: t0 + 5 * day, revoked: t0 + 8 * day),
+                grant("g2", granted: t0, expires: t0 + 50 * day, revoked: t0 + 20 * day),
+            ]
+        )
+        let premium = try #require(self.explain(record, at: t0 + 10 * day).entitlements.first { $0.entitlementId == "premium" })
+        #expect(premium.candidates.filter { $0.id == "s" }.count == 1)
+        #expect(premium.candidates.first { $0.id == "g1" }?.reason == "expired at t0+5d (rule 4)")
+        #expect(premium.candidates.first { $0.id == "g2" }?.reason == "granted; revoked from t0+20d (rule 4)")
+    }
+
     @Test("inactive everywhere: the entitlement shows, and the decision says why")
     func inactive() throws {
         let record = customer([tx("m1", chain: "m", product: "monthly", at: t0, expires: t0 + 30 * day)], states: [state(chain: "m", grace: t0 + 33 * day)])

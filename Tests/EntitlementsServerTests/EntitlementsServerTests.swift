@@ -40,7 +40,37 @@ struct EntitlementsServerTests {
         let health = try await client.health()
         #expect(health.status == .serving)
         #expect(health.snapshotId == fixture.snapshot.header.snapshotId)
+        // Explained (user-2 was answered, so cached, above): the same answer, explained.
+        let plain = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-2", at: now))
+        let explained = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-2", at: now, explain: true))
+        #expect(plain.explanation == nil && explained.entitlements == plain.entitlements && explained.validUntil == plain.validUntil)
+        let explanation = try #require(explained.explanation)
+        #expect(explanation.snapshotId == fixture.snapshot.header.snapshotId)
+        #expect(explanation.entitlements.map(\.entitlementId) == plain.entitlements.map(\.id))
         await client.close()
+        try await fixture.stop()
+    }
+
+    @Test("explain on the framed transport: the last field 6 counts, and unknown fixed-width fields do not hide it")
+    func explainFlagInRawBytes() async throws {
+        let fixture = try await ServerFixture()
+        let connection = try RawConnection(port: fixture.port)
+        // user_id "user-1"; explain false; explain true; field 7 as fixed32 (unknown)
+        let explained: [UInt8] = [0x0A, 0x06] + Array("user-1".utf8) + [0x30, 0x00, 0x30, 0x01, 0x3D, 1, 2, 3, 4]
+        // user_id "user-1"; explain true; explain false
+        let plain: [UInt8] = [0x0A, 0x06] + Array("user-1".utf8) + [0x30, 0x01, 0x30, 0x00]
+        connection.send([
+            Frame.request(id: 1, method: .checkEntitlements, payload: ByteBuffer(bytes: explained)),
+            Frame.request(id: 2, method: .checkEntitlements, payload: ByteBuffer(bytes: plain)),
+        ])
+        var seen: [UInt64: Frame] = [:]
+        while seen.count < 2, let frame = try connection.receive() {
+            seen[frame.requestID] = frame
+        }
+        let first = try CheckEntitlementsResponse(buffer: try #require(seen[1]?.payload))
+        let second = try CheckEntitlementsResponse(buffer: try #require(seen[2]?.payload))
+        #expect(first.explanation != nil && first.customerId == "user-1")
+        #expect(second.explanation == nil && second.customerId == "user-1")
         try await fixture.stop()
     }
 

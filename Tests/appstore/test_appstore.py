@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "storeharness"))
 sys.path.insert(0, os.path.join(HERE, "..", "doors"))
 import grpc  # noqa: E402
 from fake_apple import AppleSigner, FakeApple  # noqa: E402
-from harness import FAILURES, Postgres, check, post  # noqa: E402
+from harness import FAILURES, Postgres, admin_metric, check, post  # noqa: E402
 from stubs import service_pb2_grpc, svc  # noqa: E402  (the gRPC stubs, generated from proto/ now)
 
 ENT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".build/debug/entitlements")
@@ -212,12 +212,7 @@ def premium(user, **kwargs):
 
 
 def metric(name, **labels):
-    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.admin, timeout=5).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and all('%s="%s"' % (k, v) in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return admin_metric(server.admin, name, **labels)
 
 
 def ent(*args):

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "storeharness"))
 from fake_google import FakeGoogle, sign_jwt  # noqa: E402
-from harness import FAILURES, Postgres, check, post  # noqa: E402
+from harness import FAILURES, Postgres, admin_metric, check, post  # noqa: E402
 
 ENT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".build/debug/entitlements")
 PACKAGE = "com.example.app"
@@ -159,12 +159,7 @@ def premium(user, **kwargs):
 
 
 def metric(name, **labels):
-    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.admin, timeout=5).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and all('%s="%s"' % (k, v) in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return admin_metric(server.admin, name, **labels)
 
 
 def link(user, alias):

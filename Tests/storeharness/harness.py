@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import urllib.request
 
 FAILURES = []
 
@@ -28,6 +29,16 @@ def post(port, path, body, headers=None):
         return response.status, json.loads(payload) if payload else None
     except ValueError:
         return response.status, payload
+
+
+def admin_metric(admin_port, name, **labels):
+    """The sum of a Prometheus metric's series with these labels, from the admin listener."""
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin_port, timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all('%s="%s"' % (k, v) in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 class Postgres:

@@ -3,7 +3,7 @@
 #               and serve it on 127.0.0.1:7420 from a data directory (writes are kept)
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
-# Other targets: deps, generate, check-generated, build, check-deploy, test-doors, test-ingestion, test-asan,
+# Other targets: deps, generate, check-generated, build, check-deploy, test-doors, test-ingestion, test-console, test-asan,
 # bench-codec, bench-resolver, bench-store, bench-check (the microbenchmarks' malloc counts
 # against benchmarks/Thresholds), bench-thresholds (records them), fuzz (FUZZ_SECONDS
 # each; CI runs 60), clean.
@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-ingestion test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
+.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-ingestion test-console test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -35,7 +35,7 @@ demo-data: deps
 	mkdir -p $(dir $(DEMO_SNAPSHOT))
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
-test: deps check-generated test-unit check-deploy test-doors test-ingestion test-asan
+test: deps check-generated test-unit check-deploy test-doors test-ingestion test-console test-asan
 
 # Side by side with Redis (benchmarks/README.md); BENCH_FLAGS=--quick for a 2 s smoke run.
 bench: deps
@@ -48,7 +48,8 @@ bench: deps
 # runtime and protoc-gen-go from Debian, curl; grpcio, grpcio-tools,
 # grpcio-health-checking and h2 from PyPI); opentelemetry-proto from PyPI for the tracing
 # test's OTLP receiver; cryptography from PyPI for the Google Play test's loopback Google
-# (RS256 signatures). Installs only what is missing.
+# (RS256 signatures); chromium and chromium-driver from Debian with selenium from PyPI for
+# the console's browser test. Installs only what is missing.
 deps:
 	@missing=""; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
@@ -63,6 +64,8 @@ deps:
 	command -v protoc-gen-go >/dev/null || missing="$$missing protoc-gen-go"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make deps: installing$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
@@ -77,6 +80,8 @@ deps:
 	@python3 -c 'from cryptography.hazmat.primitives.asymmetric import padding' 2>/dev/null \
 	  || python3 -m pip install --quiet cryptography \
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-cryptography >/dev/null; }
+	@python3 -c 'import selenium.webdriver' 2>/dev/null \
+	  || python3 -m pip install --quiet selenium
 	@python3 -c 'import yaml' 2>/dev/null \
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-yaml >/dev/null; } \
 	  || python3 -m pip install --quiet pyyaml
@@ -113,6 +118,12 @@ test-ingestion: deps
 	$(SWIFT) build --product entitlements
 	python3 Tests/googleplay/test_googleplay.py .build/debug/entitlements
 	python3 Tests/appstore/test_appstore.py .build/debug/entitlements
+
+# The support console (docs/console.md) in a real browser: Debian's chromium, headless,
+# driven by Selenium (PyPI) through Debian's chromedriver.
+test-console: deps
+	$(SWIFT) build --product entitlements
+	python3 Tests/console/test_console.py .build/debug/entitlements
 
 # The shim's tests under AddressSanitizer (with LeakSanitizer): every unpacked message
 # and every arena chunk must be freed. A separate scratch path keeps the normal build.

@@ -24,6 +24,7 @@ let package = Package(
         .library(name: "EntitlementsClient", targets: ["EntitlementsClient"]),
         .library(name: "EntitlementsFleet", targets: ["EntitlementsFleet"]),
         .library(name: "EntitlementsDoors", targets: ["EntitlementsDoors"]),
+        .library(name: "EntitlementsConsole", targets: ["EntitlementsConsole"]),
         .library(name: "EntitlementsSecurity", targets: ["EntitlementsSecurity"]),
         .library(name: "EntitlementsIngestion", targets: ["EntitlementsIngestion"]),
         .library(name: "EntitlementsTracing", targets: ["EntitlementsTracing"]),
@@ -221,6 +222,20 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The support console on the admin listener (docs/console.md): a page served from
+        // the binary that calls the service's methods with the caller's token.
+        .target(
+            name: "EntitlementsConsole",
+            dependencies: [
+                "EntitlementsDoors",
+                "EntitlementsSecurity",
+                "EntitlementsServer",
+                "EntitlementsWire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // Purchases straight from the stores (docs/ingestion.md): signed webhooks verified,
         // mapped to the write calls, applied through the server's service layer.
         .target(
@@ -283,6 +298,7 @@ let package = Package(
                 "EntitlementsClient",
                 "EntitlementsFleet",
                 "EntitlementsDoors",
+                "EntitlementsConsole",
                 "EntitlementsSecurity",
                 "EntitlementsIngestion",
                 "EntitlementsTracing",

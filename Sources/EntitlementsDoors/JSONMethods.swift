@@ -63,6 +63,10 @@ struct JSONCodec: CallCodec {
         ByteBuffer(string: EntitlementsOutput.json(answer, pretty: false))
     }
 
+    func encode(_ answer: CustomerHistoryResponse) -> ByteBuffer {
+        ByteBuffer(string: EntitlementsOutput.json(answer))
+    }
+
     func byteCount(of encoded: ByteBuffer) -> Int {
         encoded.readableBytes
     }

@@ -1,7 +1,7 @@
-import EntitlementsSecurity
-import EntitlementsServer
-import EntitlementsWire
-import NIOCore
+public import EntitlementsSecurity
+public import EntitlementsServer
+public import EntitlementsWire
+public import NIOCore
 import NIOHTTP1
 
 /// The JSON door over HTTP/1.1 (what curl speaks by default): `POST
@@ -80,7 +80,7 @@ final class JSONResponder: HTTP1Responder {
         }
     }
 
-    private static func answer(_ result: Result<ByteBuffer, ServiceError>) -> HTTP1Answer {
+    static func answer(_ result: Result<ByteBuffer, ServiceError>) -> HTTP1Answer {
         switch result {
         case .success(let json):
             HTTP1Answer(.ok, contentType: "application/json", body: json)
@@ -126,5 +126,24 @@ final class JSONResponder: HTTP1Responder {
     private func refuse(_ httpStatus: HTTPResponseStatus, _ error: ServiceError, start: NIODeadline) -> HTTP1Answer {
         self.methods.recordAnswers(self.method ?? MethodID(rawValue: 0), error.status, since: start)
         return HTTP1Answer(httpStatus, contentType: "application/json", body: JSONMethods.errorBody(error))
+    }
+}
+
+/// A call of the JSON door made from another HTTP listener (the admin listener's console):
+/// the same router, codec and answers as `POST /entitlements.v1.EntitlementService/<Method>`,
+/// with an access the caller's listener checked.
+public enum JSONDoorCall {
+    public static func answer(_ methods: EntitlementMethods, _ method: MethodID, body: ByteBuffer, call: CallContext) -> HTTP1Reply {
+        switch methods.unary(method, body, call, codec: JSONCodec()) {
+        case .now(let result):
+            .now(JSONResponder.answer(result))
+        case .later(let future):
+            .later(future.map(JSONResponder.answer))
+        }
+    }
+
+    /// The error answer of the door, for a refusal before the call.
+    public static func refusal(_ error: ServiceError) -> HTTP1Answer {
+        HTTP1Answer(JSONMethods.httpStatus(error.status), contentType: "application/json", body: JSONMethods.errorBody(error))
     }
 }

@@ -276,7 +276,7 @@ public enum FleetSnapshot {
             attempt += 1
             kept = "\(directory)/replaced-\(now)-\(attempt)"
         }
-        let names = [CustomerStore.snapshotFileName, CustomerStore.logDirectoryName]
+        let names = [CustomerStore.snapshotFileName, CustomerStore.logDirectoryName, HistoryArchive.directoryName]
         for name in names where access("\(directory)/\(name)", F_OK) == 0 {
             if mkdir(kept, 0o755) != 0, errno != EEXIST {
                 throw SnapshotError(code: .io, path: kept, reason: "cannot create: \(String(cString: strerror(errno)))")

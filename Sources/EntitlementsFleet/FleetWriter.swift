@@ -48,6 +48,7 @@ public final class FleetWriter: WriteUpstream {
     private struct Pending: Sendable {
         var mutation: LogRecord.Mutation
         var now: Int64
+        var source: WriteSource?
         var answer: CheckedContinuation<CustomerStore.UpstreamWrite, any Error>
     }
 
@@ -65,12 +66,12 @@ public final class FleetWriter: WriteUpstream {
     /// The customer an alias named moved while this transaction waited for its lock.
     private struct AliasMoved: Error {}
 
-    public func write(_ mutation: LogRecord.Mutation, now: Int64) async throws -> CustomerStore.UpstreamWrite {
+    public func write(_ mutation: LogRecord.Mutation, now: Int64, source: WriteSource?) async throws -> CustomerStore.UpstreamWrite {
         // Every continuation is resumed: a group always answers each of its writes, and
         // FleetDatabase bounds each use of a connection in time.
         try await withCheckedThrowingContinuation { answer in
             let lead = self.queue.withLock { queue -> Bool in
-                queue.waiting.append(Pending(mutation: mutation, now: now, answer: answer))
+                queue.waiting.append(Pending(mutation: mutation, now: now, source: source, answer: answer))
                 guard !queue.committing else { return false }
                 queue.committing = true
                 return true
@@ -186,6 +187,7 @@ public final class FleetWriter: WriteUpstream {
                             try await reads.lockAndRead([need.userId], on: connection, logger: logger)
                         }
                     }
+                    effect.source = pending.source
                     guard effect.changed else {
                         outcomes.append(
                             .unchanged(customerId: effect.customerId, sequence: reads.lastSequence(of: effect.customerId), effect: lastEffect[effect.customerId])

@@ -191,22 +191,90 @@ public enum EntitlementsOutput {
 
     /// A watch event as one JSON line: customer, cause, what changed, and the new answer.
     public static func json(_ event: EntitlementsChangedEvent) -> String {
-        func state(_ state: EntitlementState?) -> JSONValue {
-            guard let state else { return .null }
-            return .object([("isActive", .bool(state.isActive)), ("renewState", .name(state.renewState))])
-        }
         let current = event.current ?? CheckEntitlementsResponse()
         return JSONValue.object([
             ("customerId", .string(event.customerId)),
             ("cause", .string(event.cause == .time ? "time" : event.cause == .write ? "write" : nil)),
             ("logSequence", event.logSequence > 0 ? .int(Int64(event.logSequence)) : .null),
-            ("changes", .array(event.changes.map { change in
-                .object([("entitlementId", .string(change.entitlementId)), ("before", state(change.before)), ("after", state(change.after))])
-            })),
+            ("changes", .array(event.changes.map(Self.json))),
             ("requestDate", .date(current.requestDate)),
             ("validUntil", .date(current.validUntil)),
             ("entitlements", .object(current.entitlements.map { ($0.id ?? "", Self.json($0)) })),
         ]).serialized(pretty: false)
+    }
+
+    /// A customer's history (CustomerHistory) as one JSON document: the customer, where the
+    /// history starts, and the entries oldest first, each with its date, cause, log
+    /// sequence, source, summary, changes and the entitlements after it (as `check --json`
+    /// has them).
+    public static func json(_ response: CustomerHistoryResponse, pretty: Bool = false) -> String {
+        JSONValue.object([
+            ("userId", .string(response.userId)),
+            ("customerId", .string(response.customerId)),
+            ("startsAfterLogSequence", .int(Int64(clamping: response.startsAfterLogSequence))),
+            ("startsDate", .date(response.startsDate)),
+            ("logSequence", .int(Int64(clamping: response.logSequence))),
+            ("truncated", .bool(response.truncated)),
+            ("entries", .array(response.entries.map { entry in
+                .object([
+                    ("date", .date(entry.date)),
+                    ("cause", .string(entry.cause == .time ? "time" : entry.cause == .write ? "write" : "start")),
+                    ("logSequence", entry.logSequence > 0 ? .int(Int64(clamping: entry.logSequence)) : .null),
+                    ("source", entry.source.map { source in
+                        .object([("method", .string(source.method)), ("caller", .string(source.caller)), ("eventId", .string(source.eventId))])
+                    } ?? .null),
+                    ("summary", .string(entry.summary)),
+                    ("changes", .array(entry.changes.map(Self.json))),
+                    ("entitlements", .object(entry.entitlements.map { ($0.id ?? "", Self.json($0)) })),
+                    ("deleted", .bool(entry.deleted)),
+                ])
+            })),
+        ]).serialized(pretty: pretty)
+    }
+
+    static func json(_ change: EntitlementChange) -> JSONValue {
+        func state(_ state: EntitlementState?) -> JSONValue {
+            guard let state else { return .null }
+            return .object([("isActive", .bool(state.isActive)), ("renewState", .name(state.renewState))])
+        }
+        return .object([("entitlementId", .string(change.entitlementId)), ("before", state(change.before)), ("after", state(change.after))])
+    }
+
+    /// A customer's history for people: one line per entry, oldest first, with what was
+    /// active after it.
+    public static func timeline(_ response: CustomerHistoryResponse) -> String {
+        var lines: [String] = []
+        let user = response.userId ?? "?"
+        guard let customer = response.customerId else {
+            return "\(user): no write ever named this user (the history starts after log sequence \(response.startsAfterLogSequence))"
+        }
+        lines.append("\(user)\(customer == user ? "" : " (customer \(customer))"): history up to log sequence \(response.logSequence)")
+        if response.startsAfterLogSequence > 0 {
+            lines.append("starts from the state kept at log sequence \(response.startsAfterLogSequence) (\(response.startsDate.map(RFC3339.format) ?? "?")); earlier writes are folded into it")
+        }
+        if response.truncated {
+            lines.append("(older entries left out: raise --limit)")
+        }
+        for entry in response.entries {
+            let when = entry.date.map(RFC3339.format) ?? "?"
+            let cause: String
+            switch entry.cause {
+            case .write:
+                let source = entry.source.map { source in
+                    " " + [source.method, source.caller.map { "by " + $0 }, source.eventId.map { "event " + $0 }].compactMap { $0 }.joined(separator: " ")
+                } ?? ""
+                cause = "write \(entry.logSequence)\(source)"
+            case .time: cause = "time"
+            default: cause = "start"
+            }
+            lines.append("\(when) [\(cause)] \(entry.summary ?? "")")
+            let active = entry.entitlements.filter(\.isActive).map { $0.id ?? "?" }
+            let changes = entry.changes.map { change in
+                "\(change.entitlementId ?? "?") \(change.before?.isActive == true ? "active" : "inactive") -> \(change.after?.isActive == true ? "active" : "inactive")"
+            }
+            lines.append("    " + (changes.isEmpty ? "" : changes.joined(separator: ", ") + "; ") + (entry.deleted ? "customer deleted" : "active: " + (active.isEmpty ? "none" : active.joined(separator: ", "))))
+        }
+        return lines.joined(separator: "\n")
     }
 
     /// A watch event as one line for people.

@@ -245,8 +245,11 @@ struct StoreEventApplier: Sendable {
     private func write(_ mutation: LogRecord.Mutation, _ context: CallContext) async throws(IngestionRetry) -> WriteResponse {
         let eventLoop = context.eventLoop
         let methods = self.methods
+        let source = CallContext.storeSource
         let answer = eventLoop.flatSubmit { () -> EventLoopFuture<Result<WriteResponse, ServiceError>> in
-            switch methods.write(mutation, Self.context(on: eventLoop)) {
+            var call = Self.context(on: eventLoop)
+            call.writeSource = source
+            switch methods.write(mutation, call) {
             case .now(let result): return eventLoop.makeSucceededFuture(result)
             case .later(let future): return future
             }

@@ -1,3 +1,4 @@
+import EntitlementsMessages
 public import EntitlementsServer
 import EntitlementsFormats
 import EntitlementsStore
@@ -144,7 +145,9 @@ public final class WebhookIngestion: Sendable {
         } catch {
             return self.answer(Self.outcome(of: error, otherwise: .writeFailed), store: store, event: eventId)
         }
-        return await self.apply(planned, store: store, event: eventId, methods: methods, on: eventLoop)
+        return await CallContext.$storeSource.withValue(WriteSource(method: store, caller: "webhooks", eventId: eventId)) {
+            await self.apply(planned, store: store, event: eventId, methods: methods, on: eventLoop)
+        }
     }
 
     private func apply(_ plan: StoreEventPlan, store: String, event: String, methods: EntitlementMethods, on eventLoop: any EventLoop) async -> WebhookAnswer {

@@ -68,6 +68,12 @@ public struct CallerAccess: Sendable {
         self.listener = listener
     }
 
+    /// Who called, for a write's source in the log: the listener and the kind of
+    /// credential (`tcp token`, `grpc certificate CN=billing`, `unix anonymous`); never a token.
+    public var callerDescription: String {
+        "\(self.listener.policy.name) \(self.credential == .none ? "anonymous" : "\(self.credential)")"
+    }
+
     /// Anyone may do anything (a server without security settings; tests).
     public static let unrestricted = CallerAccess(permissions: .all, credential: .none, listener: .open("tcp"))
 

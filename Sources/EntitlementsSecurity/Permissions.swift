@@ -8,7 +8,7 @@ public struct Permissions: OptionSet, Sendable, Hashable, CustomStringConvertibl
         self.rawValue = rawValue
     }
 
-    /// Reads: CheckEntitlements, BatchCheckEntitlements, WatchEntitlements, Health (and
+    /// Reads: CheckEntitlements, BatchCheckEntitlements, WatchEntitlements, Health, CustomerHistory (and
     /// grpc.health.v1, and the admin listener's /metrics).
     public static let check = Permissions(rawValue: 1)
     /// The write methods (RecordTransaction ... DeleteCustomer, SubmitPurchase) and Compact.
@@ -20,7 +20,7 @@ public struct Permissions: OptionSet, Sendable, Hashable, CustomStringConvertibl
     /// methods this server does not know (they answer UNIMPLEMENTED).
     public static func required(by method: MethodID) -> Permissions? {
         switch method {
-        case .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health:
+        case .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health, .customerHistory:
             .check
         case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer, .submitPurchase, .compact:
             .write

@@ -1,6 +1,6 @@
 public import EntitlementsSecurity
 public import NIOCore
-import NIOHTTP1
+public import NIOHTTP1
 public import NIOPosix
 
 /// The admin HTTP listener (docs/operations.md): `/healthz` (the process is alive),
@@ -15,9 +15,16 @@ public final class AdminServer: Sendable {
         public var readiness: @Sendable () -> (ready: Bool, reason: String)
         /// The Prometheus text exposition, refreshed at each scrape.
         public var metrics: @Sendable () async -> [UInt8]
+        /// The support console (`serve --console`), served under its prefix; nil: none.
+        public var console: (any AdminConsole)?
 
-        public init(readiness: @escaping @Sendable () -> (ready: Bool, reason: String), metrics: @escaping @Sendable () async -> [UInt8]) {
+        public init(
+            readiness: @escaping @Sendable () -> (ready: Bool, reason: String),
+            console: (any AdminConsole)? = nil,
+            metrics: @escaping @Sendable () async -> [UInt8]
+        ) {
             self.readiness = readiness
+            self.console = console
             self.metrics = metrics
         }
     }
@@ -69,6 +76,20 @@ public final class AdminServer: Sendable {
     }
 }
 
+/// Pages and calls the admin listener serves under a prefix besides its endpoints: the
+/// support console (EntitlementsConsole). It checks each call's credentials itself, with the
+/// listener's ``ConnectionCredentials``, as every other transport does.
+public protocol AdminConsole: Sendable {
+    /// The path prefix it serves, e.g. `/console`.
+    var prefix: String { get }
+    /// The largest request body it reads.
+    var maximumBodyBytes: Int { get }
+    /// Refuses a request before its body is read (a method it does not serve); nil reads on.
+    func head(_ head: HTTPRequestHead) -> HTTP1Answer?
+    /// The answer to a whole request.
+    func answer(_ head: HTTPRequestHead, body: ByteBuffer, credentials: ConnectionCredentials, start: NIODeadline, eventLoop: any EventLoop) -> HTTP1Reply
+}
+
 /// One admin connection's requests. The exchange (timers, limits, keep-alive, HEAD) is
 /// ``HTTP1ExchangeHandler``'s.
 private final class AdminResponder: HTTP1Responder {
@@ -84,17 +105,34 @@ private final class AdminResponder: HTTP1Responder {
         self.refused = refused
     }
 
-    /// The endpoints take no body.
+    /// The endpoints take no body; the console's calls do.
     var maximumBodyBytes: Int {
-        0
+        self.endpoints.console?.maximumBodyBytes ?? 0
+    }
+
+    /// The console, if `head` is for it.
+    private func console(for head: HTTPRequestHead) -> (any AdminConsole)? {
+        guard let console = self.endpoints.console else { return nil }
+        let path = Self.path(head)
+        return path == console.prefix || path.hasPrefix(console.prefix + "/") ? console : nil
+    }
+
+    private static func path(_ head: HTTPRequestHead) -> String {
+        head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
     }
 
     func head(_ head: HTTPRequestHead, start: NIODeadline) -> HTTP1Answer? {
-        head.method == .GET || head.method == .HEAD ? nil : .text(.methodNotAllowed, "only GET\n")
+        if let console = self.console(for: head) {
+            return console.head(head)
+        }
+        return head.method == .GET || head.method == .HEAD ? nil : .text(.methodNotAllowed, "only GET\n")
     }
 
     func answer(_ head: HTTPRequestHead, body: ByteBuffer, start: NIODeadline, eventLoop: any EventLoop) -> HTTP1Reply {
-        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        if let console = self.console(for: head) {
+            return console.answer(head, body: body, credentials: self.credentials, start: start, eventLoop: eventLoop)
+        }
+        let path = Self.path(head)
         switch path {
         case "/healthz":
             return .now(.text(.ok, "ok\n"))
@@ -120,12 +158,13 @@ private final class AdminResponder: HTTP1Responder {
             }
             return .later(promise.futureResult)
         default:
-            return .now(.text(.notFound, "not found; try /healthz, /readyz or /metrics\n"))
+            let console = self.endpoints.console.map { " or \($0.prefix)" } ?? ""
+            return .now(.text(.notFound, "not found; try /healthz, /readyz, /metrics\(console)\n"))
         }
     }
 
     func tooLarge(_ head: HTTPRequestHead, start: NIODeadline) -> HTTP1Answer {
-        .text(.payloadTooLarge, "the admin endpoints take no body\n")
+        .text(.payloadTooLarge, "too large: the admin endpoints take no body, the console's calls at most \(self.maximumBodyBytes) bytes\n")
     }
 
     func arrivalLimit(_ head: HTTPRequestHead, start: NIODeadline) -> NIODeadline {

@@ -40,6 +40,8 @@ public struct WriteEffect: Sendable, Hashable {
     /// The mutation as it goes into the log: user id canonical, defaults filled in, so that
     /// replaying it gives the same effect.
     public var logged: LogRecord.Mutation
+    /// Where the write came from (fleet mode logs it with the effect).
+    public var source: WriteSource?
 
     /// Whether anything changes (a repeated write changes nothing and is not logged).
     public var changed: Bool { !self.records.isEmpty || !self.aliases.isEmpty }
@@ -53,7 +55,8 @@ extension WriteEffect {
             customerId: self.customerId,
             created: self.created,
             customers: self.records.sorted { $0.key < $1.key }.map { CustomerChange(customerId: $0.key, record: $0.value) },
-            aliases: self.aliases.sorted { $0.key < $1.key }.map { AliasChange(alias: $0.key, customerId: $0.value) }
+            aliases: self.aliases.sorted { $0.key < $1.key }.map { AliasChange(alias: $0.key, customerId: $0.value) },
+            source: self.source
         )
     }
 
@@ -62,7 +65,7 @@ extension WriteEffect {
         guard let customerId = write.customerId else {
             throw WriteRefusal(.invalidArgument, "replicated write: customer_id missing")
         }
-        self.init(customerId: customerId, created: write.created, logged: .replicatedWrite(write))
+        self.init(customerId: customerId, created: write.created, logged: .replicatedWrite(write), source: write.source)
         for change in write.customers {
             guard let id = change.customerId, change.record.map({ $0.id == id }) ?? true else {
                 throw WriteRefusal(.invalidArgument, "replicated write of \(customerId): a customer change without its id, or with a record of another id")

@@ -31,10 +31,20 @@ public final class CustomerStore: Sendable {
         public var syncMode: WriteAheadLog.SyncMode
         /// Compact when the log holds this many bytes; nil: only when asked.
         public var compactAfterLogBytes: UInt64?
+        /// How far back a customer's history reaches at least, in milliseconds: what a
+        /// compaction keeps in `DIR/history/` (``HistoryArchive``); nil keeps nothing (a
+        /// history then starts at the last compaction).
+        public var historyRetention: Int64?
 
-        public init(syncMode: WriteAheadLog.SyncMode = .batch, compactAfterLogBytes: UInt64? = 64 << 20) {
+        public init(syncMode: WriteAheadLog.SyncMode = .batch, compactAfterLogBytes: UInt64? = 64 << 20, historyRetention: Int64? = 7 * 86_400_000) {
             self.syncMode = syncMode
             self.compactAfterLogBytes = compactAfterLogBytes
+            self.historyRetention = historyRetention
+        }
+
+        /// The archive of `directory` these options keep, or nil.
+        func historyArchive(of directory: String) -> HistoryArchive? {
+            self.historyRetention.flatMap { $0 > 0 ? HistoryArchive(dataDirectory: directory, retention: $0) : nil }
         }
     }
 
@@ -264,6 +274,9 @@ public final class CustomerStore: Sendable {
         }
         do {
             report.removedTemporaryFiles = try Self.removeTemporaryFiles(in: directory)
+            if options.historyArchive(of: directory) == nil {
+                HistoryArchive.remove(dataDirectory: directory)  // history switched off: keep nothing
+            }
             let snapshotPath = "\(directory)/\(Self.snapshotFileName)"
             if access(snapshotPath, F_OK) != 0 {
                 guard let seed else {
@@ -489,6 +502,7 @@ public final class CustomerStore: Sendable {
     public func write(
         _ mutation: LogRecord.Mutation,
         now: Int64,
+        source: WriteSource? = nil,
         completion: @escaping @Sendable (Result<WriteOutcome, any Error>) -> Void
     ) {
         guard let log = self.log else {
@@ -498,7 +512,7 @@ public final class CustomerStore: Sendable {
         if let (upstream, applyWait) = self.state.withLock({ state in state.upstream.map { ($0, state.upstreamApplyWait) } }) {
             Task {
                 do {
-                    let written = try await upstream.write(mutation, now: now)
+                    let written = try await upstream.write(mutation, now: now, source: source)
                     if written.sequence > 0 {
                         _ = await self.waitUntilApplied(written.sequence, timeout: applyWait)
                     }
@@ -539,7 +553,7 @@ public final class CustomerStore: Sendable {
             }
             let sequence: UInt64
             do {
-                sequence = try log.enqueue(effect.logged, recordedDate: now) { result in
+                sequence = try log.enqueue(effect.logged, recordedDate: now, source: source) { result in
                     switch result {
                     case .success(let sequence):
                         self.makeVisible(effect, sequence: sequence) { committed in
@@ -713,6 +727,112 @@ public final class CustomerStore: Sendable {
         return log.diskBytes >= threshold && !self.state.withLock { $0.compacting }
     }
 
+    // MARK: History
+
+    /// The customer `userId` names now (its own id, an alias, or, for a customer no longer
+    /// there, the id it had): its timeline from the oldest state the data directory keeps
+    /// (docs/durability.md, "History"). Blocking: it reads a kept snapshot and every kept
+    /// and live log segment after it, so call it off the event loops.
+    public func history(
+        of userId: String,
+        limit: Int,
+        environment: Environment,
+        now: Int64,
+        date: @escaping (Int64) -> String
+    ) throws -> CustomerHistoryResponse {
+        var attempt = 1
+        while true {
+            do {
+                return try self.readHistory(of: userId, limit: limit, environment: environment, now: now, date: date)
+            } catch let error as SnapshotError where error.code == .io && attempt < 3 {
+                attempt += 1  // a compaction moved or dropped a file meanwhile: list again
+            }
+        }
+    }
+
+    /// Whether `bytes` hold `needle` anywhere.
+    private static func contains(_ bytes: UnsafeRawBufferPointer, _ needle: [UInt8]) -> Bool {
+        guard !needle.isEmpty, bytes.count >= needle.count, let base = bytes.baseAddress else { return false }
+        return needle.withUnsafeBytes { needle in
+            let first = Int32(needle[0])
+            var offset = 0
+            let last = bytes.count - needle.count
+            while offset <= last {
+                guard let found = memchr(base + offset, first, last - offset + 1) else { return false }
+                offset = base.distance(to: UnsafeRawPointer(found))
+                if memcmp(base + offset, needle.baseAddress!, needle.count) == 0 { return true }
+                offset += 1
+            }
+            return false
+        }
+    }
+
+    private func readHistory(of userId: String, limit: Int, environment: Environment, now: Int64, date: @escaping (Int64) -> String) throws -> CustomerHistoryResponse {
+        let (snapshot, sequence, current) = try self.state.withLock { state in
+            (state.snapshot, state.committedSequence, try state.committed.customer(for: userId, snapshot: state.snapshot))
+        }
+        let customerId = current?.id ?? userId
+        let archive = self.dataDirectory.flatMap { self.options.historyArchive(of: $0) }
+        // Every segment, kept and live, by first sequence.
+        var segments: [UInt64: String] = [:]
+        for kept in try archive?.segments() ?? [] {
+            segments[kept.firstSequence] = kept.path
+        }
+        for path in self.log?.segmentPaths ?? [] {
+            let name = path.split(separator: "/").last.map(String.init) ?? path
+            if let first = WriteAheadLog.firstSequence(ofSegmentNamed: name) {
+                segments[first] = path
+            }
+        }
+        let ordered = segments.sorted { $0.key < $1.key }
+        // The oldest kept state the segments continue from without a gap.
+        let live = HistoryArchive.Base(lastSequence: snapshot.header.lastLogSequence, createdDate: snapshot.header.createdDate ?? 0, path: snapshot.path)
+        let candidates = (try archive?.bases() ?? []) + [live]
+        let base = candidates.first { base in
+            base.lastSequence >= sequence || ordered.contains { $0.key <= base.lastSequence + 1 }
+        } ?? live
+        let baseRecord: CustomerRecord?
+        if base.path == snapshot.path, base.lastSequence == snapshot.header.lastLogSequence {
+            baseRecord = try snapshot.customer(for: customerId)
+        } else {
+            baseRecord = try SnapshotReader(path: base.path).customer(for: customerId)
+        }
+        var builder = CustomerHistoryBuilder(
+            customerId: customerId,
+            record: baseRecord?.id == customerId ? baseRecord : nil,
+            startDate: base.createdDate,
+            catalog: self.catalog,
+            environment: environment,
+            date: date
+        )
+        for (index, segment) in ordered.enumerated() {
+            // Skip segments that end at or before the base.
+            if index + 1 < ordered.count, ordered[index + 1].key - 1 <= base.lastSequence { continue }
+            if segment.key > sequence { break }
+            // Only records that hold one of the customer's names can touch it: its id, or
+            // an alias it holds (another customer taking that alias names the alias).
+            try WriteAheadLog.scanSegment(path: segment.value, after: base.lastSequence, wanted: { bytes in
+                builder.names.contains { name in Self.contains(bytes, name) }
+            }) { record in
+                if record.sequence <= sequence {
+                    builder.apply(record)
+                }
+            }
+        }
+        builder.finish(now: now)
+        let entries = builder.entries
+        let known = current != nil || !entries.isEmpty
+        return CustomerHistoryResponse(
+            userId: userId,
+            customerId: known ? customerId : nil,
+            entries: Array(entries.suffix(limit)),
+            startsAfterLogSequence: base.lastSequence,
+            startsDate: base.lastSequence == 0 ? nil : base.createdDate,
+            logSequence: sequence,
+            truncated: entries.count > limit
+        )
+    }
+
     // MARK: Compaction
 
     /// Writes a new snapshot holding every acknowledged write, swaps it in, and removes the
@@ -742,8 +862,11 @@ public final class CustomerStore: Sendable {
             (state.committed, state.committedSequence, state.snapshot, state.lastReplicated.flatMap { $0.sequence == state.committedSequence ? $0.committedDate : nil })
         }
 
-        // 2. Old snapshot + overlay -> a new snapshot, off the cooperative pool.
+        // 2. Old snapshot + overlay -> a new snapshot, off the cooperative pool. A
+        // customer's history may start from the old one: kept first (a hard link).
         let path = "\(directory)/\(Self.snapshotFileName)"
+        let archive = self.options.historyArchive(of: directory)
+        try archive?.offer(snapshotPath: path, lastSequence: old.header.lastLogSequence, createdDate: old.header.createdDate ?? 0, now: now)
         let catalog = old.catalog
         let written: UInt64 = try await Self.onWorkerThread {
             var writer = try SnapshotWriter(
@@ -790,8 +913,9 @@ public final class CustomerStore: Sendable {
         ent_release_free_memory()
 
         // 4. The segments the snapshot covers are no longer needed.
-        let removed = try log.removeSegments(coveredBy: sequence)
+        let removed = try log.removeSegments(coveredBy: sequence, archive: archive)
         CrashPoint.reach("compact.segments-removed")
+        try archive?.prune(now: now)
         return CompactionReport(snapshotId: fresh.header.snapshotId ?? "", lastLogSequence: sequence, customers: written, removedSegments: removed)
     }
 
@@ -821,15 +945,8 @@ public final class CustomerStore: Sendable {
     // MARK: Files
 
     private static func removeTemporaryFiles(in directory: String) throws -> [String] {
-        guard let handle = opendir(directory) else {
-            throw SnapshotError(code: .io, path: directory, reason: "cannot list the data directory: \(String(cString: strerror(errno)))")
-        }
-        defer { closedir(handle) }
         var removed: [String] = []
-        while let entry = readdir(handle) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
+        for name in try FileDescriptor.names(in: directory, what: "data directory") {
             if name.hasPrefix("\(Self.snapshotFileName).tmp") {
                 let path = "\(directory)/\(name)"
                 unlink(path)

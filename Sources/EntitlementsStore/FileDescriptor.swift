@@ -145,6 +145,26 @@ final class FileDescriptor: Sendable {
         }
     }
 
+    /// The names in `directory` (not `.` and `..`); none when it does not exist and
+    /// `missingIsEmpty`. `what` names the directory in the error.
+    static func names(in directory: String, what: String, missingIsEmpty: Bool = false) throws -> [String] {
+        guard let handle = opendir(directory) else {
+            if missingIsEmpty, errno == ENOENT { return [] }
+            throw SnapshotError(code: .io, path: directory, reason: "cannot list the \(what): \(String(cString: strerror(errno)))")
+        }
+        defer { closedir(handle) }
+        var names: [String] = []
+        while let entry = readdir(handle) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name != ".", name != ".." {
+                names.append(name)
+            }
+        }
+        return names
+    }
+
     static func remove(_ path: String) {
         unlink(path)
     }

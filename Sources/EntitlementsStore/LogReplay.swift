@@ -128,7 +128,15 @@ extension WriteAheadLog {
 
     /// Reads every batch of one segment (read whole into memory: replay is sequential and
     /// the damage scan needs random access); sets a torn tail aside; throws for damage.
-    static func replay(fd: Int32, path: String, after previousSequence: UInt64, mayTear: Bool, visit: ((LogRecord) throws -> Void)?) throws -> Replay {
+    static func replay(
+        fd: Int32,
+        path: String,
+        after previousSequence: UInt64,
+        mayTear: Bool,
+        readOnly: Bool = false,
+        wanted: ((UnsafeRawBufferPointer) -> Bool)? = nil,
+        visit: ((LogRecord) throws -> Void)?
+    ) throws -> Replay {
         let size = Int(lseek(fd, 0, SEEK_END))
         guard size > 0 else {
             throw SnapshotError(code: .notASnapshot, path: path, offset: 0, reason: "an empty log segment (no header)")
@@ -146,7 +154,7 @@ extension WriteAheadLog {
             done += got
         }
         return try bytes.withUnsafeBytes { bytes in
-            try Self.replay(bytes, fd: fd, path: path, after: previousSequence, mayTear: mayTear, visit: visit)
+            try Self.replay(bytes, fd: fd, path: path, after: previousSequence, mayTear: mayTear, readOnly: readOnly, wanted: wanted, visit: visit)
         }
     }
 
@@ -156,6 +164,8 @@ extension WriteAheadLog {
         path: String,
         after previousSequence: UInt64,
         mayTear: Bool,
+        readOnly: Bool,
+        wanted: ((UnsafeRawBufferPointer) -> Bool)?,
         visit: ((LogRecord) throws -> Void)?
     ) throws -> Replay {
         var replay = Replay(records: [], tornBytes: 0, tornOffset: nil, batches: 0)
@@ -175,19 +185,22 @@ extension WriteAheadLog {
             case .valid(let range):
                 payload = range
             case .cutShort:
-                try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, known: version >= 2 ? .neverAcknowledged : .possiblyAcknowledged, replay: &replay)
+                try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, known: version >= 2 ? .neverAcknowledged : .possiblyAcknowledged, replay: &replay)
                 return replay
             case .damaged(let reason):
                 if version == 1, offset + 8 <= bytes.count, Int(bytes.littleEndian(at: offset, as: UInt32.self)) + 8 + offset == bytes.count {
                     // v1: a last batch that fails its checksum may be a crash's.
-                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, known: .possiblyAcknowledged, replay: &replay)
+                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, known: .possiblyAcknowledged, replay: &replay)
                     return replay
                 }
                 if bytes[offset...].allSatisfy({ $0 == 0 }) {
                     // The writer never writes zeros where a header goes: the file grew and
                     // a crash came before the data.
-                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, known: .neverAcknowledged, replay: &replay)
+                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, known: .neverAcknowledged, replay: &replay)
                     return replay
+                }
+                if readOnly, Self.validBatch(in: bytes, after: offset, version: version) == nil {
+                    return replay  // the end of a segment being written, seen mid-write
                 }
                 throw Self.damage(bytes, path: path, at: offset, version: version, reason: reason)
             }
@@ -201,9 +214,16 @@ extension WriteAheadLog {
                 guard recordLength <= payload.upperBound - position else {
                     throw SnapshotError(code: .corrupt, path: path, offset: UInt64(offset), reason: "log record runs past its batch")
                 }
+                let recordBytes = UnsafeRawBufferPointer(rebasing: bytes[position..<(position + recordLength)])
+                if let wanted, !wanted(recordBytes) {
+                    // A reader that looks for a few records (a customer's history) skips
+                    // the others without decoding them.
+                    position += recordLength
+                    continue
+                }
                 let record: LogRecord
                 do {
-                    record = try LogRecord(serializedBytes: UnsafeRawBufferPointer(rebasing: bytes[position..<(position + recordLength)]))
+                    record = try LogRecord(serializedBytes: recordBytes)
                 } catch {
                     throw SnapshotError(code: .corrupt, path: path, offset: UInt64(offset), reason: "log record: \(error)")
                 }
@@ -247,9 +267,15 @@ extension WriteAheadLog {
         at offset: Int,
         version: UInt32,
         mayTear: Bool,
+        readOnly: Bool = false,
         known: TornTail,
         replay: inout Replay
     ) throws {
+        if readOnly {
+            // A batch still being written (or a crash's, which start-up sets aside): the
+            // records before it are all a reader may rely on.
+            return
+        }
         if let next = Self.validBatch(in: bytes, after: offset, version: version) {
             throw SnapshotError(
                 code: .corrupt,

@@ -215,6 +215,36 @@ public final class WriteAheadLog: Sendable {
 
     /// Replays one segment file on its own (for tools and fuzzing): its records, and any
     /// torn tail (which is cut off).
+    /// Reads the records of one segment after `sequence`, without changing the file: a
+    /// segment being written may end in a batch still being written, which ends the read
+    /// (a customer's history reads only sequences known to be durable). Damage throws.
+    /// `wanted`, given the bytes of a record, says whether to decode it at all.
+    public static func scanSegment(
+        path: String,
+        after sequence: UInt64,
+        wanted: ((UnsafeRawBufferPointer) -> Bool)? = nil,
+        visit: (LogRecord) throws -> Void
+    ) throws {
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw SnapshotError(code: .io, path: path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
+        }
+        defer { Glibc.close(fd) }
+        try withoutActuallyEscaping(visit) { visit in
+            _ = try Self.replay(fd: fd, path: path, after: 0, mayTear: false, readOnly: true, wanted: wanted) { record in
+                if record.sequence > sequence {
+                    try visit(record)
+                }
+            }
+        }
+    }
+
+    /// The first sequence of the segment file `name` (`log-<first>.wal`), or nil.
+    public static func firstSequence(ofSegmentNamed name: String) -> UInt64? {
+        guard name.hasPrefix(Self.segmentPrefix), name.hasSuffix(Self.segmentSuffix) else { return nil }
+        return UInt64(name.dropFirst(Self.segmentPrefix.count).dropLast(Self.segmentSuffix.count))
+    }
+
     public static func replaySegment(path: String) throws -> Replay {
         let fd = Glibc.open(path, O_RDWR | O_CLOEXEC)
         guard fd >= 0 else {
@@ -257,7 +287,12 @@ public final class WriteAheadLog: Sendable {
 
     /// Queues `mutation` and returns its sequence number; `completion` runs on the writer
     /// thread once the record is durable (or the log failed), in sequence order.
-    public func enqueue(_ mutation: LogRecord.Mutation, recordedDate: Int64, completion: @escaping Completion) throws(SnapshotError) -> UInt64 {
+    public func enqueue(
+        _ mutation: LogRecord.Mutation,
+        recordedDate: Int64,
+        source: WriteSource? = nil,
+        completion: @escaping Completion
+    ) throws(SnapshotError) -> UInt64 {
         let sequence = try self.state.withLock { state throws(SnapshotError) -> UInt64 in
             if let failure = state.failure {
                 throw SnapshotError(code: .io, path: self.directory, reason: "the log failed earlier (\(failure)); restart the server to replay it")
@@ -266,7 +301,7 @@ public final class WriteAheadLog: Sendable {
                 throw SnapshotError(code: .io, path: self.directory, reason: "the log is closed")
             }
             let sequence = state.nextSequence
-            let record = LogRecord(sequence: sequence, recordedDate: recordedDate, mutation: mutation)
+            let record = LogRecord(sequence: sequence, recordedDate: recordedDate, source: source, mutation: mutation)
             guard let bytes = try? record.serializedBytes() else {
                 throw SnapshotError(code: .invalidInput, path: self.directory, reason: "the write cannot be encoded")
             }
@@ -319,9 +354,11 @@ public final class WriteAheadLog: Sendable {
     }
 
     /// Removes the segments whose records all have sequences up to `sequence` (a snapshot
-    /// holds them). The segment being written is never removed. Returns the removed paths.
+    /// holds them), or moves them into `archive` (a customer's history keeps them,
+    /// ``HistoryArchive``). The segment being written is never removed. Returns the paths
+    /// they had.
     @discardableResult
-    public func removeSegments(coveredBy sequence: UInt64) throws -> [String] {
+    public func removeSegments(coveredBy sequence: UInt64, archive: HistoryArchive? = nil) throws -> [String] {
         let doomed = self.state.withLock { state -> [Segment] in
             var doomed: [Segment] = []
             // Segment i holds sequences [first_i, first_{i+1} - 1].
@@ -333,11 +370,18 @@ public final class WriteAheadLog: Sendable {
         var freed: UInt64 = 0
         for segment in doomed {
             freed += Self.fileSize(segment.path)
-            FileDescriptor.remove(segment.path)
+            if let archive {
+                try archive.keep(segment: segment.path)
+            } else {
+                FileDescriptor.remove(segment.path)
+            }
         }
         self.state.withLock { $0.diskBytes -= min($0.diskBytes, freed) }
         if !doomed.isEmpty {
             try FileDescriptor.syncDirectory(of: doomed[0].path)
+            if let archive {
+                try FileDescriptor.syncDirectory(of: "\(archive.directory)/.")
+            }
         }
         return doomed.map(\.path)
     }
@@ -509,15 +553,8 @@ public final class WriteAheadLog: Sendable {
 
     /// The segments in `directory`, oldest first; stale temporary files are removed.
     private static func segments(in directory: String) throws -> [Segment] {
-        guard let handle = opendir(directory) else {
-            throw SnapshotError(code: .io, path: directory, reason: "cannot list the log directory: \(String(cString: strerror(errno)))")
-        }
-        defer { closedir(handle) }
         var segments: [Segment] = []
-        while let entry = readdir(handle) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
+        for name in try FileDescriptor.names(in: directory, what: "log directory") {
             guard name.hasPrefix(Self.segmentPrefix) else {
                 continue
             }

@@ -8,7 +8,8 @@ public protocol WriteUpstream: Sendable {
     /// makes it durable there. Throws a ``WriteRefusal`` for a write the rules refuse, or
     /// one with reason `.unavailable` when the upstream cannot be reached (nothing was
     /// stored).
-    func write(_ mutation: LogRecord.Mutation, now: Int64) async throws -> CustomerStore.UpstreamWrite
+    /// `source` goes into the change log with the write (a customer's history).
+    func write(_ mutation: LogRecord.Mutation, now: Int64, source: WriteSource?) async throws -> CustomerStore.UpstreamWrite
 }
 
 /// A replicated write whose sequence is not the next one the local log expects: writes in

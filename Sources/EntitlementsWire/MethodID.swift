@@ -20,6 +20,8 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
     /// `AuthenticateRequest` -> `AuthenticateResponse`: the framed protocol's way to present
     /// a token (docs/PROTOCOL.md, "Authentication").
     public static let authenticate = MethodID(rawValue: 5)
+    /// `CustomerHistoryRequest` -> `CustomerHistoryResponse`.
+    public static let customerHistory = MethodID(rawValue: 6)
     /// `RecordTransactionRequest` -> `WriteResponse`.
     public static let recordTransaction = MethodID(rawValue: 16)
     /// `UpdateSubscriptionStateRequest` -> `WriteResponse`.
@@ -39,7 +41,7 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
 
     /// Every method of protocol version 1, in method-id order.
     public static let all: [MethodID] = [
-        .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health, .authenticate,
+        .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health, .authenticate, .customerHistory,
         .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant,
         .linkAlias, .deleteCustomer, .submitPurchase, .compact,
     ]
@@ -52,6 +54,7 @@ public struct MethodID: RawRepresentable, Sendable, Hashable, CustomStringConver
         case .watchEntitlements: "WatchEntitlements"
         case .health: "Health"
         case .authenticate: "Authenticate"
+        case .customerHistory: "CustomerHistory"
         case .recordTransaction: "RecordTransaction"
         case .updateSubscriptionState: "UpdateSubscriptionState"
         case .grantEntitlement: "GrantEntitlement"

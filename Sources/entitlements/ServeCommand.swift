@@ -1,5 +1,6 @@
 import ArgumentParser
 import Dispatch
+import EntitlementsConsole
 import EntitlementsDoors
 import EntitlementsFleet
 import EntitlementsIngestion
@@ -51,12 +52,16 @@ struct ServeCommand: AsyncParsableCommand {
     var fsync: String?
     @Option(help: "Compact when the log reaches this size (default 64MiB); 0 compacts only when asked.")
     var compactAfter: String?
+    @Option(help: "How far back a customer's history reaches at least (default 7d): the log and snapshot compaction keeps in DIR/history; 0 keeps nothing. See docs/durability.md, \"History\".")
+    var historyRetention: String?
     @Option(help: "TCP address to listen on, HOST:PORT (default 127.0.0.1:7420); port 0 picks a free port.")
     var listen: String?
     @Option(help: "Also listen on this Unix domain socket (for sidecars).")
     var unix: String?
     @Flag(help: "Do not listen on TCP (with --unix).")
     var noTcp = false
+    @Flag(help: "Serve the support console at /console on the admin listener (with --admin); grants and revokes need a write token. See docs/console.md.")
+    var console = false
     @Option(help: "Event loop threads (connections and resolvers). Default: CPU cores; 1 on a server pinned to one core.")
     var threads: String?
     @Option(help: "Resolver actors, each owning a cache shard. Default: CPU cores.")
@@ -190,7 +195,7 @@ struct ServeCommand: AsyncParsableCommand {
     private var flagValues: [String: String] {
         var values: [String: String] = [:]
         let options: [(String, String?)] = [
-            ("snapshot", self.snapshot), ("data-dir", self.dataDir), ("fsync", self.fsync), ("compact-after", self.compactAfter),
+            ("snapshot", self.snapshot), ("data-dir", self.dataDir), ("fsync", self.fsync), ("compact-after", self.compactAfter), ("history-retention", self.historyRetention),
             ("listen", self.listen), ("unix", self.unix), ("threads", self.threads), ("resolvers", self.resolvers), ("cache-bytes", self.cacheBytes), ("cache-policy", self.cachePolicy),
             ("cold-read-threads", self.coldReadThreads), ("cold-read-queue", self.coldReadQueue),
             ("max-frame-bytes", self.maxFrameBytes), ("max-connections", self.maxConnections), ("max-in-flight", self.maxInFlight),
@@ -218,6 +223,9 @@ struct ServeCommand: AsyncParsableCommand {
         }
         if self.noTcp {
             values["no-tcp"] = "true"
+        }
+        if self.console {
+            values["console"] = "true"
         }
         if self.allowUnauthenticatedWrites {
             values["allow-unauthenticated-writes"] = "true"
@@ -267,7 +275,10 @@ struct ServeCommand: AsyncParsableCommand {
                     host: host,
                     port: port,
                     security: security.admin,
-                    endpoints: .init(readiness: { running.describe(readiness.state()) }) {
+                    endpoints: .init(
+                        readiness: { running.describe(readiness.state()) },
+                        console: try settings.bool("console") ? Console { running.server?.methods } : nil
+                    ) {
                         await running.server?.refreshMetrics()
                         if let fleet = running.fleet {
                             fleetMetrics.refresh(fleet.status, stale: running.isStale)
@@ -283,6 +294,9 @@ struct ServeCommand: AsyncParsableCommand {
                     refused: { refusal, peer in running.server?.methods.recordRefusal(refusal, listener: "admin", peer: peer) }
                 )
                 Self.say("admin listening on \(host):\(admin?.address?.port ?? port)")
+                if try settings.bool("console") {
+                    Self.say("console at http://\(host):\(admin?.address?.port ?? port)/console (TLS settings make it https)")
+                }
             } catch {
                 Self.say("error: cannot listen on --admin \(host):\(port): \(error)")
                 throw ExitCode(2)
@@ -484,7 +498,11 @@ struct ServeCommand: AsyncParsableCommand {
             return .readOnly(try SnapshotReader(path: settings.snapshot!))
         }
         let threshold = UInt64(try settings.bytes("compact-after"))
-        let options = CustomerStore.Options(syncMode: try settings.syncMode(), compactAfterLogBytes: threshold == 0 ? nil : threshold)
+        let options = CustomerStore.Options(
+            syncMode: try settings.syncMode(),
+            compactAfterLogBytes: threshold == 0 ? nil : threshold,
+            historyRetention: try settings.historyRetention()
+        )
         let started = ContinuousClock.now
         let (store, report) = try CustomerStore.open(dataDirectory: dataDir, seed: settings.snapshot, options: options)
         if report.seeded {
@@ -515,7 +533,11 @@ struct ServeCommand: AsyncParsableCommand {
             configuration: .init(
                 tailer: .init(pollInterval: .nanoseconds(poll.nanoseconds), listen: try settings.bool("fleet-listen")),
                 writeWait: .nanoseconds(wait.nanoseconds),
-                storeOptions: .init(syncMode: try settings.syncMode(), compactAfterLogBytes: threshold == 0 ? nil : threshold),
+                storeOptions: .init(
+                    syncMode: try settings.syncMode(),
+                    compactAfterLogBytes: threshold == 0 ? nil : threshold,
+                    historyRetention: try settings.historyRetention()
+                ),
                 connections: try settings.integer("fleet-connections", in: 1...100),
                 readURL: try settings.fleetReadURL()
             ),

@@ -45,6 +45,7 @@ struct ServeSettings {
         Key(name: "data-dir", defaultValue: nil, help: "data directory: snapshot, write-ahead log, lock; enables writes"),
         Key(name: "fsync", defaultValue: "batch", help: "batch (group commit) or always (one fsync per write); both safe"),
         Key(name: "compact-after", defaultValue: "64MiB", help: "compact when the log reaches this size; 0: only on request"),
+        Key(name: "history-retention", defaultValue: "7d", help: "how far back a customer's history reaches at least: what compaction keeps in DIR/history; 0 keeps nothing"),
         Key(name: "listen", defaultValue: "127.0.0.1:7420", help: "TCP address HOST:PORT; port 0 picks one"),
         Key(name: "unix", defaultValue: nil, help: "also listen on this Unix domain socket"),
         Key(name: "no-tcp", defaultValue: "false", help: "listen only on --unix"),
@@ -64,6 +65,7 @@ struct ServeSettings {
         Key(name: "frame-timeout", defaultValue: "10s", help: "a frame must arrive in full this long after its first byte"),
         Key(name: "drain-timeout", defaultValue: "30s", help: "on SIGTERM/SIGINT, time to finish accepted calls before cancelling"),
         Key(name: "admin", defaultValue: nil, help: "admin HTTP listener HOST:PORT for /healthz, /readyz, /metrics; off by default"),
+        Key(name: "console", defaultValue: "false", help: "serve the support console at /console on the admin listener (docs/console.md)"),
         Key(name: "grpc-listen", defaultValue: nil, help: "the gRPC and HTTP/JSON door HOST:PORT (docs/doors.md); off by default"),
         Key(name: "webhooks-listen", defaultValue: nil, help: "the store webhooks' HTTP HOST:PORT (docs/ingestion.md); off by default"),
         Key(name: "stripe-webhook-secret-file", defaultValue: nil, help: "Stripe's endpoint signing secrets, one a line; turns on POST /webhooks/stripe"),
@@ -219,6 +221,22 @@ struct ServeSettings {
         throw ValidationError("\(self.origin(name)) \"\(text)\" is not a duration such as 250ms, 30s, 5m or 1h")
     }
 
+    /// --history-retention in milliseconds; nil for 0 (keep nothing).
+    func historyRetention() throws -> Int64? {
+        let name = "history-retention"
+        let text = self.text(name) ?? ""
+        if text == "0" {
+            return nil
+        }
+        let units: [(String, Int64)] = [("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)]
+        for (suffix, milliseconds) in units where text.hasSuffix(suffix) {
+            if let value = Int64(text.dropLast(suffix.count)), value > 0, value <= Int64.max / milliseconds {
+                return value * milliseconds
+            }
+        }
+        throw ValidationError("\(self.origin(name)) \"\(text)\" is not a duration such as 7d, 36h or 30m, or 0 to keep no history")
+    }
+
     func address(_ name: String) throws -> (host: String, port: Int)? {
         guard let text = self.text(name) else {
             return nil
@@ -341,7 +359,13 @@ struct ServeSettings {
         guard adminAnonymous == .check || adminAnonymous == .none else {
             throw ValidationError("\(self.origin("admin-anonymous")) must be check (/metrics open) or none (/metrics needs a token)")
         }
-        let admin = ListenerPolicy(name: "admin", granted: .check, anonymous: adminAnonymous)
+        // The console grants and revokes by hand: its listener serves writes to a caller
+        // whose token has the permission; without credentials it stays at --admin-anonymous.
+        let console = try self.bool("console")
+        if console, try self.address("admin") == nil {
+            throw ValidationError("--console is served on the admin listener: give --admin HOST:PORT too")
+        }
+        let admin = ListenerPolicy(name: "admin", granted: console ? .all : .check, anonymous: adminAnonymous)
         if adminAnonymous == .none, tokens == nil, tls?.requiresClientCertificates != true {
             throw ValidationError("\(self.origin("admin-anonymous")) none needs --auth-token-file (or --tls-client-ca): else nobody could read /metrics")
         }
@@ -451,6 +475,7 @@ struct ServeSettings {
         }
         _ = try self.syncMode()
         _ = try self.bytes("compact-after")
+        _ = try self.historyRetention()
         _ = try self.duration("drain-timeout")
         _ = try self.address("admin")
         _ = try self.address("grpc-listen")

@@ -222,6 +222,21 @@ struct FleetTests {
             #expect(moved.sequence == 3)
             #expect(await a.store.waitUntilApplied(3, timeout: .seconds(20)))
             #expect(try a.store.customer(for: "anon-bob")?.id == "alice" && a.store.customer(for: "bob")?.aliases == [])
+
+            // History on B, from its log of the change log's rows: the effect of each write
+            // on each customer, with the source A sent along.
+            let source = WriteSource(method: "GrantEntitlement", caller: "grpc token")
+            let sourced = try await withCheckedThrowingContinuation { continuation in
+                a.store.write(FleetWorld.grant("alice", "g3"), now: world.now, source: source) { continuation.resume(with: $0) }
+            }
+            #expect(sourced.sequence == 4)
+            #expect(await b.store.waitUntilApplied(4, timeout: .seconds(20)))
+            let alice = try b.store.history(of: "anon-alice", limit: 100, environment: .production, now: world.now) { "\($0)" }
+            #expect(alice.customerId == "alice" && alice.entries.filter { $0.cause == .write }.map(\.logSequence) == [1, 3, 4])
+            #expect(alice.entries.last?.source == source && alice.entries.last?.summary?.contains("grant g3") == true)
+            let bob = try b.store.history(of: "bob", limit: 100, environment: .production, now: world.now) { "\($0)" }
+            #expect(bob.entries.filter { $0.cause == .write }.map(\.logSequence) == [2, 3])
+            #expect(bob.entries.last?.summary == "alias anon-bob removed")
         }
         await a.close()
         await b.close()
@@ -536,7 +551,7 @@ struct FleetTests {
         let database = world.database()
         let writer = FleetWriter(database: database, catalog: b.store.catalog)
         for id in ["x2", "x3", "x4"] {
-            _ = try await writer.write(FleetWorld.grant("bob", id), now: world.now)
+            _ = try await writer.write(FleetWorld.grant("bob", id), now: world.now, source: nil)
         }
         await database.close()
 

@@ -138,6 +138,7 @@ enum Fixtures {
         explanation,
         EntitlementExplanation(entitlementId: "premium", candidates: [candidate], decision: "won by rule 6: active beats inactive"),
         candidate,
+        source,
         checkRequest,
         checkResponse,
         BatchCheckEntitlementsRequest(
@@ -181,6 +182,17 @@ enum Fixtures {
         AuthenticateResponse(check: true, write: false),
         CompactRequest(),
         CompactResponse(snapshotId: "snap-20261123", lastLogSequence: 4_000_000_000),
+        CustomerHistoryRequest(userId: "$anon:abc", limit: 50, environment: .sandbox),
+        CustomerHistoryResponse(
+            userId: "$anon:abc",
+            customerId: "user-1",
+            entries: [historyEntry, HistoryEntry(date: 1_769_904_000_000, cause: .time, summary: "premium ended")],
+            startsAfterLogSequence: 40,
+            startsDate: 1_767_000_000_000,
+            logSequence: 42,
+            truncated: true
+        ),
+        historyEntry,
         product,
         catalog,
         CustomerRecord(
@@ -200,7 +212,7 @@ enum Fixtures {
             fleetEpoch: "0b9f4e7a-8f0e-4c71-9a55-1d2f3c4b5a69",
             fleetCommittedDate: 1_767_225_600_123
         ),
-        LogRecord(sequence: 1, recordedDate: 1_767_225_600_000, mutation: .grantEntitlement(grantEntitlement)),
+        LogRecord(sequence: 1, recordedDate: 1_767_225_600_000, source: source, mutation: .grantEntitlement(grantEntitlement)),
         customerChange,
         aliasChange,
         replicatedWrite,
@@ -214,7 +226,20 @@ enum Fixtures {
         customerId: "user-1",
         created: true,
         customers: [customerChange, CustomerChange(customerId: "user-2")],
-        aliases: [aliasChange, AliasChange(alias: "gone")]
+        aliases: [aliasChange, AliasChange(alias: "gone")],
+        source: source
+    )
+
+    static let source = WriteSource(method: "stripe", caller: "webhooks", eventId: "evt_1NqX")
+    static let historyEntry = HistoryEntry(
+        date: 1_767_225_600_000,
+        cause: .write,
+        logSequence: 42,
+        source: source,
+        summary: "GrantEntitlement premium grant grant-7",
+        changes: [entitlementChange],
+        entitlements: [entitlement],
+        deleted: true
     )
 
     /// One LogRecord per mutation case, so that every case of the oneof is exercised.

@@ -22,7 +22,7 @@ import Testing
             switch method {
             case .authenticate:
                 #expect(Permissions.required(by: method) == nil)
-            case .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health:
+            case .checkEntitlements, .batchCheckEntitlements, .watchEntitlements, .health, .customerHistory:
                 #expect(Permissions.required(by: method) == .check)
             default:
                 #expect(Permissions.required(by: method) == .write, "\(method)")

@@ -51,6 +51,30 @@ struct EntitlementsServerTests {
         try await fixture.stop()
     }
 
+    @Test("CustomerHistory over the framed protocol: each write with its caller, a bad id refused, the limit kept")
+    func historyThroughClient() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        for id in ["h-1", "h-2", "h-3"] {
+            let grant = GrantEntitlementRequest(userId: "user-7", grant: Grant(grantId: id, entitlementId: "beta", expirationDate: 4_102_444_800_000))
+            let _: WriteResponse = try await client.call(.grantEntitlement, grant)
+        }
+        let history: CustomerHistoryResponse = try await client.call(.customerHistory, CustomerHistoryRequest(userId: "user-7"))
+        #expect(history.customerId == "user-7" && history.logSequence == 3 && history.startsAfterLogSequence == 0)
+        // The snapshot's user-7, then the three grants, each by a caller on the TCP listener.
+        #expect(history.entries.map(\.cause) == [.unspecified, .write, .write, .write])
+        #expect(history.entries.dropFirst().allSatisfy { $0.source == WriteSource(method: "GrantEntitlement", caller: "tcp anonymous") })
+        #expect(history.entries[1].changes.map(\.entitlementId) == ["beta"])
+        #expect(history.entries.last?.entitlements.first { $0.id == "beta" }?.isActive == true)
+        let latest: CustomerHistoryResponse = try await client.call(.customerHistory, CustomerHistoryRequest(userId: "user-7", limit: 2))
+        #expect(latest.truncated && latest.entries.map(\.logSequence) == [2, 3])
+        await #expect(throws: EntitlementsClientError.self) {
+            let _: CustomerHistoryResponse = try await client.call(.customerHistory, CustomerHistoryRequest(userId: ""))
+        }
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("explain on the framed transport: the last field 6 counts, and unknown fixed-width fields do not hide it")
     func explainFlagInRawBytes() async throws {
         let fixture = try await ServerFixture()

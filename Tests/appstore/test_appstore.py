@@ -187,10 +187,19 @@ def notify(kind, t, r=None, at=None, subtype=None, to=None):
     data = {"bundleId": BUNDLE, "environment": t.get("environment", "Production"), "signedTransactionInfo": signed(t, at)}
     if r is not None:
         data["signedRenewalInfo"] = signed(dict(r, originalTransactionId=t["originalTransactionId"], environment=t.get("environment", "Production")), at)
-    payload = {"notificationType": kind, "notificationUUID": str(uuid.uuid4()), "data": data, "version": "2.0", "signedDate": at}
+    global last_notification_uuid
+    last_notification_uuid = str(uuid.uuid4())
+    payload = {"notificationType": kind, "notificationUUID": last_notification_uuid, "data": data, "version": "2.0", "signedDate": at}
     if subtype:
         payload["subtype"] = subtype
     return post((to or server).webhooks, "/webhooks/appstore", {"signedPayload": signer.sign(payload)})
+
+
+def history(user):
+    """The customer's history through the JSON door (docs/PROTOCOL.md, "History")."""
+    status, answer = post(server.grpc, "/entitlements.v1.EntitlementService/CustomerHistory", {"userId": user})
+    assert status == 200, (status, answer)
+    return answer["entries"]
 
 
 def submit(user, jws=None, transaction_id=None, environment=None, on=None):
@@ -291,6 +300,10 @@ try:
     p = premium(dan)
     check(status == 200 and p["expirationDate"] == iso(NOW + 29 * DAY) and p.get("priceMicros") == 4990000 and p["transactions"][0].get("verified") is True,
           "Apple's verified record replaces it: its expiry and price, marked verified: %r" % (p,))
+    sources = [(e["source"] or {}).get("method") for e in history(dan) if e["cause"] == "write"]
+    check(sources[0] == "RecordTransaction" and "SubmitPurchase" in sources
+          and any("verified by the store" in e["summary"] and e["source"]["caller"] == "grpc anonymous" for e in history(dan)),
+          "the history says who wrote what: the backend's guess, then SubmitPurchase's verified record: %r" % (sources,))
     status, answer = post(server.grpc, "/entitlements.v1.EntitlementService/RecordTransaction", {"userId": dan, "transaction": {
         "transactionId": "1500001", "originalTransactionId": "1500001", "store": "SOURCE_APPSTORE", "productId": MONTHLY, "type": "TRANSACTION_TYPE_SUBSCRIPTION_STARTED",
         "transactionDate": str(NOW - DAY), "expirationDate": str(NOW + 6 * DAY), "environment": "ENVIRONMENT_PRODUCTION"}})
@@ -397,6 +410,9 @@ try:
     fake.set_renewal("Production", "3000001", renewal())
     status, _ = notify("SUBSCRIBED", transaction(3000001, 3000001, NOW - 32 * DAY, NOW - 2 * DAY, token=gus), renewal(), at=NOW - 32 * DAY, subtype="INITIAL_BUY")
     check(status == 200, "a subscription's first notice, its renewal's never sent")
+    first = [e for e in history(gus) if e["cause"] == "write"][0]
+    check(first["source"] == {"method": "appstore", "caller": "webhooks", "eventId": last_notification_uuid},
+          "the history names the notification a write came from (its notificationUUID): %r" % (first["source"],))
     hal = str(uuid.uuid4())
     fake.add("Production", "acct-hal", transaction(3100001, 3100001, NOW - 33 * DAY, NOW - 3 * DAY - MINUTE, token=hal))
     fake.set_renewal("Production", "3100001", renewal(renews=False, intent=2))

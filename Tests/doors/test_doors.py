@@ -228,6 +228,25 @@ class GRPCDoor(unittest.TestCase):
         self.assert_status(grpc.StatusCode.INVALID_ARGUMENT, "grant", self.stub.GrantEntitlement,
                            svc.GrantEntitlementRequest(user_id=user), timeout=10)
 
+        # docs/PROTOCOL.md, "History": the six writes above, oldest first, each with the
+        # method and the gRPC listener that took it; the deletion last.
+        history = self.stub.CustomerHistory(svc.CustomerHistoryRequest(user_id=user), timeout=10)
+        self.assertEqual(history.customer_id, user)
+        self.assertEqual([e.cause for e in history.entries], [svc.CHANGE_CAUSE_WRITE] * 6)
+        self.assertEqual([e.source.method for e in history.entries],
+                         ["RecordTransaction", "UpdateSubscriptionState", "GrantEntitlement", "RevokeGrant", "LinkAlias", "DeleteCustomer"])
+        self.assertTrue(all(e.source.caller.startswith("grpc ") for e in history.entries))
+        self.assertEqual(history.entries[0].log_sequence, written.log_sequence)
+        self.assertTrue(history.entries[-1].deleted)
+        self.assertIn("auto-renew off", history.entries[1].summary)
+        status, body = post_json(SERVICE + "CustomerHistory", {"userId": user, "limit": 2})
+        self.assertEqual(status, 200)
+        self.assertTrue(body["truncated"])
+        self.assertEqual([e["source"]["method"] for e in body["entries"]], ["LinkAlias", "DeleteCustomer"])
+        self.assertEqual(body["entries"][-1]["summary"], "customer deleted")
+        self.assert_status(grpc.StatusCode.INVALID_ARGUMENT, "user_id", self.stub.CustomerHistory,
+                           svc.CustomerHistoryRequest(user_id=""), timeout=10)
+
     def test_watch_write_event_then_time_event(self):
         user = "py-watch-%d" % now_ms()
         after = self.check(user).log_sequence

@@ -70,6 +70,7 @@ def methods(tag):
         # Allowed, a watch runs until its timeout: DEADLINE_EXCEEDED is its normal end.
         ("WatchEntitlements", 3, svc.WatchEntitlementsRequest(user_ids=["user-1"]), "check", "DEADLINE_EXCEEDED"),
         ("Health", 4, svc.HealthRequest(), "check", "OK"),
+        ("CustomerHistory", 6, svc.CustomerHistoryRequest(user_id="user-1"), "check", "OK"),
         # No transaction: the write's own validation answers, after the permission.
         ("RecordTransaction", 16, svc.RecordTransactionRequest(user_id=user), "write", "INVALID_ARGUMENT"),
         ("UpdateSubscriptionState", 17, svc.UpdateSubscriptionStateRequest(user_id=user), "write", "INVALID_ARGUMENT"),

@@ -112,8 +112,10 @@ def push_token(key=None, kid="push-1", **overrides):
 
 
 def envelope(notification):
+    global last_message_id
     data = base64.b64encode(json.dumps(notification).encode()).decode()
-    return {"message": {"data": data, "messageId": "m-%d" % time.time_ns(), "publishTime": rfc3339(NOW)}, "subscription": SUBSCRIPTION}
+    last_message_id = "m-%d" % time.time_ns()
+    return {"message": {"data": data, "messageId": last_message_id, "publishTime": rfc3339(NOW)}, "subscription": SUBSCRIPTION}
 
 
 def push(notification, token=None, raw=None, auth=None, to=None):
@@ -202,6 +204,10 @@ try:
     fake.set_subscription(PACKAGE, "tok-alice", subscription("SUBSCRIPTION_STATE_ACTIVE", expiry, "GPA.1111-2222-3333-44444", account="alice"))
     status, answer = push(sub_note("tok-alice", 4))
     check(status == 200 and answer.get("changed") is True and answer.get("customerId") == "alice", "SUBSCRIPTION_PURCHASED applies: %r" % (answer,))
+    status, told = post(server.grpc, "/entitlements.v1.EntitlementService/CustomerHistory", {"userId": "alice"})
+    sources = [e["source"] for e in (told or {}).get("entries", []) if e["cause"] == "write"]
+    check(status == 200 and sources and all(s == {"method": "googleplay", "caller": "webhooks", "eventId": last_message_id} for s in sources),
+          "the history names the Pub/Sub message the writes came from: %r" % (sources,))
     entitlement = premium("alice")
     check(entitlement and entitlement["isActive"] and entitlement["source"] == "playstore" and entitlement["productId"] == "premium_sub",
           "alice has premium from Play: %r" % (entitlement,))

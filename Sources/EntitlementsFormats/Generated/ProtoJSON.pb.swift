@@ -244,6 +244,17 @@ extension CandidateExplanation: ProtoJSONDecodable {
     }
 }
 
+extension WriteSource: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.WriteSource")
+        self.init()
+        self.method = try object.string("method", "method")
+        self.caller = try object.string("caller", "caller")
+        self.eventId = try object.string("eventId", "event_id")
+        try object.finish()
+    }
+}
+
 extension ChangeCause: ProtoJSONEnum {
     public static let protoJSONNames: [(String, ChangeCause)] = [
         ("CHANGE_CAUSE_UNSPECIFIED", .unspecified),
@@ -547,6 +558,48 @@ extension CompactResponse: ProtoJSONDecodable {
     }
 }
 
+extension CustomerHistoryRequest: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.CustomerHistoryRequest")
+        self.init()
+        self.userId = try object.string("userId", "user_id")
+        self.limit = try object.uint32("limit", "limit")
+        self.environment = try object.enumeration("environment", "environment", as: Environment.self) ?? .unspecified
+        try object.finish()
+    }
+}
+
+extension CustomerHistoryResponse: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.CustomerHistoryResponse")
+        self.init()
+        self.userId = try object.string("userId", "user_id")
+        self.customerId = try object.string("customerId", "customer_id")
+        self.entries = try object.messages("entries", "entries", as: HistoryEntry.self)
+        self.startsAfterLogSequence = try object.uint64("startsAfterLogSequence", "starts_after_log_sequence")
+        self.startsDate = try object.int64("startsDate", "starts_date")
+        self.logSequence = try object.uint64("logSequence", "log_sequence")
+        self.truncated = try object.bool("truncated", "truncated")
+        try object.finish()
+    }
+}
+
+extension HistoryEntry: ProtoJSONDecodable {
+    public init(protoJSON value: ProtoJSON.Value, path: String) throws(ProtoJSONError) {
+        var object = try ProtoJSONObject(value, path: path, message: "entitlements.v1.HistoryEntry")
+        self.init()
+        self.date = try object.int64("date", "date")
+        self.cause = try object.enumeration("cause", "cause", as: ChangeCause.self) ?? .unspecified
+        self.logSequence = try object.uint64("logSequence", "log_sequence")
+        self.source = try object.message("source", "source", as: WriteSource.self)
+        self.summary = try object.string("summary", "summary")
+        self.changes = try object.messages("changes", "changes", as: EntitlementChange.self)
+        self.entitlements = try object.messages("entitlements", "entitlements", as: Entitlement.self)
+        self.deleted = try object.bool("deleted", "deleted")
+        try object.finish()
+    }
+}
+
 extension ProductType: ProtoJSONEnum {
     public static let protoJSONNames: [(String, ProductType)] = [
         ("PRODUCT_TYPE_UNSPECIFIED", .unspecified),
@@ -612,6 +665,7 @@ extension LogRecord: ProtoJSONDecodable {
         self.init()
         self.sequence = try object.uint64("sequence", "sequence")
         self.recordedDate = try object.int64("recordedDate", "recorded_date")
+        self.source = try object.message("source", "source", as: WriteSource.self)
         var mutationSet = 0
         if let value = try object.message("recordTransaction", "record_transaction", as: RecordTransactionRequest.self) {
             self.mutation = .recordTransaction(value)
@@ -674,6 +728,7 @@ extension ReplicatedWrite: ProtoJSONDecodable {
         self.created = try object.bool("created", "created")
         self.customers = try object.messages("customers", "customers", as: CustomerChange.self)
         self.aliases = try object.messages("aliases", "aliases", as: AliasChange.self)
+        self.source = try object.message("source", "source", as: WriteSource.self)
         try object.finish()
     }
 }

@@ -228,7 +228,11 @@ extension WebhookIngestion {
             if case .state = write { return true }
             return false
         }
-        switch await self.run(.apply(identity: .user(chain.customerId, storeCustomer: nil), writes: writes), methods: methods, on: eventLoop, verify: holds) {
+        let plan = StoreEventPlan.apply(identity: .user(chain.customerId, storeCustomer: nil), writes: writes)
+        let result = await CallContext.$storeSource.withValue(WriteSource(method: "appstore_recheck", caller: "server")) {
+            await self.run(plan, methods: methods, on: eventLoop, verify: holds)
+        }
+        switch result {
         case .applied(let applied) where !state:
             // Apple gave no renewal info: nothing says the chain was heard of, so it would
             // stay due; asked again in a day.

@@ -1,3 +1,4 @@
+import EntitlementsMessages
 public import EntitlementsServer
 import EntitlementsStore
 import Foundation
@@ -115,7 +116,10 @@ extension WebhookIngestion {
             return self.answer(.rejected(IngestionRejection(.missingField, "not a Pub/Sub push: message.data is required")), store: store, event: "")
         }
         let messageId = envelope["message"]["messageId"].string ?? envelope["message"]["message_id"].string ?? ""
-        return self.answer(await self.googlePlayMessage(data: data, play: play, methods: methods, on: eventLoop), store: store, event: messageId)
+        let outcome = await CallContext.$storeSource.withValue(WriteSource(method: store, caller: "webhooks", eventId: messageId)) {
+            await self.googlePlayMessage(data: data, play: play, methods: methods, on: eventLoop)
+        }
+        return self.answer(outcome, store: store, event: messageId)
     }
 
     /// One Pub/Sub message's notification, pushed or pulled: refetched from the Play
@@ -319,7 +323,10 @@ public struct GooglePlayPuller: Service {
                 await withTaskGroup(of: String?.self) { group in
                     for message in messages {
                         group.addTask {
-                            let outcome = await self.ingestion.googlePlayMessage(data: message.data, play: self.play, methods: self.methods, on: self.eventLoop)
+                            let source = WriteSource(method: "googleplay", caller: "pubsub pull", eventId: message.messageId)
+                            let outcome = await CallContext.$storeSource.withValue(source) {
+                                await self.ingestion.googlePlayMessage(data: message.data, play: self.play, methods: self.methods, on: self.eventLoop)
+                            }
                             _ = self.ingestion.answer(outcome, store: "googleplay", event: message.messageId)
                             if case .retry = outcome {
                                 return nil

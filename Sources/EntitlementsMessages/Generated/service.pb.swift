@@ -1870,3 +1870,275 @@ extension CompactResponse: ProtobufCBacked {
         return c
     }
 }
+
+/// Method 6. A customer's timeline, oldest first: every write applied to it that the
+/// server still holds (docs/durability.md, "History"), with its source and the
+/// entitlements after it, and the time-driven changes (expiries, grace ends) at their
+/// instants. Needs the `check` permission.
+public struct CustomerHistoryRequest: Sendable, Hashable {
+    /// A customer id or alias (an alias names the customer that holds it now).
+    public var userId: String? = nil
+    /// At most this many entries, the latest ones (default and cap: 1000).
+    public var limit: UInt32 = 0
+    /// The environment entitlements are resolved in, as in CheckEntitlementsRequest.
+    public var environment: Environment = .unspecified
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        userId: String? = nil,
+        limit: UInt32 = 0,
+        environment: Environment = .unspecified
+    ) {
+        self.userId = userId
+        self.limit = limit
+        self.environment = environment
+    }
+}
+
+extension CustomerHistoryRequest: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.CustomerHistoryRequest"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension CustomerHistoryRequest: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__CustomerHistoryRequest
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__customer_history_request__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__customer_history_request__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__customer_history_request__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.userId = try liftString(c.user_id, field: "user_id")
+        self.limit = c.has_limit != 0 ? c.limit : 0
+        self.environment = try liftEnum(has: c.has_environment, c.environment.rawValue, as: Environment.self, field: "environment")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__customer_history_request__init(c)
+        c.pointee.user_id = try arena.lowerString(self.userId, field: "user_id")
+        if self.limit != 0 { c.pointee.has_limit = 1; c.pointee.limit = self.limit }
+        if self.environment != .unspecified { c.pointee.has_environment = 1; c.pointee.environment = .init(rawValue: .init(truncatingIfNeeded: self.environment.rawValue)) }
+        return c
+    }
+}
+
+/// The `entitlements.v1.CustomerHistoryResponse` message.
+public struct CustomerHistoryResponse: Sendable, Hashable {
+    /// The `user_id` field.
+    public var userId: String? = nil
+    /// The customer the history is of; absent when no write ever named it.
+    public var customerId: String? = nil
+    /// The `entries` field.
+    public var entries: [HistoryEntry] = []
+    /// Where the history starts: the log sequence of the oldest state it holds. Writes up to
+    /// it are folded into that state (its first entry, cause UNSPECIFIED, when the customer
+    /// existed then); 0 when the server holds every write since its data began.
+    public var startsAfterLogSequence: UInt64 = 0
+    /// When that state was written (the snapshot's creation date); absent for 0.
+    public var startsDate: Int64? = nil
+    /// The log sequence the history runs to: every write up to it is in.
+    public var logSequence: UInt64 = 0
+    /// Older entries were left out to keep to `limit`.
+    public var truncated: Bool = false
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        userId: String? = nil,
+        customerId: String? = nil,
+        entries: [HistoryEntry] = [],
+        startsAfterLogSequence: UInt64 = 0,
+        startsDate: Int64? = nil,
+        logSequence: UInt64 = 0,
+        truncated: Bool = false
+    ) {
+        self.userId = userId
+        self.customerId = customerId
+        self.entries = entries
+        self.startsAfterLogSequence = startsAfterLogSequence
+        self.startsDate = startsDate
+        self.logSequence = logSequence
+        self.truncated = truncated
+    }
+}
+
+extension CustomerHistoryResponse: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.CustomerHistoryResponse"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension CustomerHistoryResponse: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__CustomerHistoryResponse
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__customer_history_response__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__customer_history_response__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__customer_history_response__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.userId = try liftString(c.user_id, field: "user_id")
+        self.customerId = try liftString(c.customer_id, field: "customer_id")
+        self.entries = try liftMessages(c.n_entries, c.entries, as: HistoryEntry.self, field: "entries")
+        self.startsAfterLogSequence = c.has_starts_after_log_sequence != 0 ? c.starts_after_log_sequence : 0
+        self.startsDate = c.has_starts_date != 0 ? c.starts_date : nil
+        self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
+        self.truncated = c.has_truncated != 0 && c.truncated != 0
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__customer_history_response__init(c)
+        c.pointee.user_id = try arena.lowerString(self.userId, field: "user_id")
+        c.pointee.customer_id = try arena.lowerString(self.customerId, field: "customer_id")
+        (c.pointee.n_entries, c.pointee.entries) = try arena.lowerMessages(self.entries, field: "entries")
+        if self.startsAfterLogSequence != 0 { c.pointee.has_starts_after_log_sequence = 1; c.pointee.starts_after_log_sequence = self.startsAfterLogSequence }
+        if let value = self.startsDate { c.pointee.has_starts_date = 1; c.pointee.starts_date = value }
+        if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
+        c.pointee.has_truncated = 1; c.pointee.truncated = self.truncated ? 1 : 0
+        return c
+    }
+}
+
+/// One step of a customer's history.
+public struct HistoryEntry: Sendable, Hashable {
+    /// The write's recorded date, or the instant time changed the answer.
+    public var date: Int64? = nil
+    /// WRITE, TIME, or UNSPECIFIED for the state the history starts from.
+    public var cause: ChangeCause = .unspecified
+    /// WRITE: the write's log sequence.
+    public var logSequence: UInt64 = 0
+    /// WRITE: where it came from; absent for writes logged before sources were kept.
+    public var source: WriteSource? = nil
+    /// What happened, in one line ("GrantEntitlement premium grant promo-1 until ...").
+    public var summary: String? = nil
+    /// Each entitlement whose isActive or renewState changed, as watch events have them.
+    public var changes: [EntitlementChange] = []
+    /// The customer's entitlements right after the step, at `date`.
+    public var entitlements: [Entitlement] = []
+    /// The customer does not exist after this step (deleted).
+    public var deleted: Bool = false
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        date: Int64? = nil,
+        cause: ChangeCause = .unspecified,
+        logSequence: UInt64 = 0,
+        source: WriteSource? = nil,
+        summary: String? = nil,
+        changes: [EntitlementChange] = [],
+        entitlements: [Entitlement] = [],
+        deleted: Bool = false
+    ) {
+        self.date = date
+        self.cause = cause
+        self.logSequence = logSequence
+        self.source = source
+        self.summary = summary
+        self.changes = changes
+        self.entitlements = entitlements
+        self.deleted = deleted
+    }
+}
+
+extension HistoryEntry: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.HistoryEntry"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension HistoryEntry: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__HistoryEntry
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__history_entry__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__history_entry__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__history_entry__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.date = c.has_date != 0 ? c.date : nil
+        self.cause = try liftEnum(has: c.has_cause, c.cause.rawValue, as: ChangeCause.self, field: "cause")
+        self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
+        self.source = try liftMessage(c.source, as: WriteSource.self, field: "source")
+        self.summary = try liftString(c.summary, field: "summary")
+        self.changes = try liftMessages(c.n_changes, c.changes, as: EntitlementChange.self, field: "changes")
+        self.entitlements = try liftMessages(c.n_entitlements, c.entitlements, as: Entitlement.self, field: "entitlements")
+        self.deleted = c.has_deleted != 0 && c.deleted != 0
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__history_entry__init(c)
+        if let value = self.date { c.pointee.has_date = 1; c.pointee.date = value }
+        if self.cause != .unspecified { c.pointee.has_cause = 1; c.pointee.cause = .init(rawValue: .init(truncatingIfNeeded: self.cause.rawValue)) }
+        if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
+        c.pointee.source = try arena.lowerMessage(self.source, field: "source")
+        c.pointee.summary = try arena.lowerString(self.summary, field: "summary")
+        (c.pointee.n_changes, c.pointee.changes) = try arena.lowerMessages(self.changes, field: "changes")
+        (c.pointee.n_entitlements, c.pointee.entitlements) = try arena.lowerMessages(self.entitlements, field: "entitlements")
+        c.pointee.has_deleted = 1; c.pointee.deleted = self.deleted ? 1 : 0
+        return c
+    }
+}

@@ -345,6 +345,8 @@ public struct LogRecord: Sendable, Hashable {
     public var sequence: UInt64 = 0
     /// The `recorded_date` field.
     public var recordedDate: Int64? = nil
+    /// Where the write came from (a customer's history); absent in logs written before it.
+    public var source: WriteSource? = nil
 
     /// One of the `mutation` cases, or nil when none is set.
     public enum Mutation: Sendable, Hashable {
@@ -373,10 +375,12 @@ public struct LogRecord: Sendable, Hashable {
     public init(
         sequence: UInt64 = 0,
         recordedDate: Int64? = nil,
+        source: WriteSource? = nil,
         mutation: Mutation? = nil
     ) {
         self.sequence = sequence
         self.recordedDate = recordedDate
+        self.source = source
         self.mutation = mutation
     }
 }
@@ -415,6 +419,7 @@ extension LogRecord: ProtobufCBacked {
     init(lifting c: CMessage) throws {
         self.sequence = c.has_sequence != 0 ? c.sequence : 0
         self.recordedDate = c.has_recorded_date != 0 ? c.recorded_date : nil
+        self.source = try liftMessage(c.source, as: WriteSource.self, field: "source")
         switch c.mutation_case.rawValue {
         case 16:
             self.mutation = try liftMessage(c.record_transaction, as: RecordTransactionRequest.self, field: "record_transaction").map { .recordTransaction($0) }
@@ -440,6 +445,7 @@ extension LogRecord: ProtobufCBacked {
         entitlements__v1__log_record__init(c)
         if self.sequence != 0 { c.pointee.has_sequence = 1; c.pointee.sequence = self.sequence }
         if let value = self.recordedDate { c.pointee.has_recorded_date = 1; c.pointee.recorded_date = value }
+        c.pointee.source = try arena.lowerMessage(self.source, field: "source")
         switch self.mutation {
         case .recordTransaction(let value):
             c.pointee.mutation_case = .init(rawValue: 16)
@@ -611,6 +617,8 @@ public struct ReplicatedWrite: Sendable, Hashable {
     public var customers: [CustomerChange] = []
     /// The `aliases` field.
     public var aliases: [AliasChange] = []
+    /// Where the write came from (a customer's history).
+    public var source: WriteSource? = nil
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -620,12 +628,14 @@ public struct ReplicatedWrite: Sendable, Hashable {
         customerId: String? = nil,
         created: Bool = false,
         customers: [CustomerChange] = [],
-        aliases: [AliasChange] = []
+        aliases: [AliasChange] = [],
+        source: WriteSource? = nil
     ) {
         self.customerId = customerId
         self.created = created
         self.customers = customers
         self.aliases = aliases
+        self.source = source
     }
 }
 
@@ -665,6 +675,7 @@ extension ReplicatedWrite: ProtobufCBacked {
         self.created = c.has_created != 0 && c.created != 0
         self.customers = try liftMessages(c.n_customers, c.customers, as: CustomerChange.self, field: "customers")
         self.aliases = try liftMessages(c.n_aliases, c.aliases, as: AliasChange.self, field: "aliases")
+        self.source = try liftMessage(c.source, as: WriteSource.self, field: "source")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -674,6 +685,7 @@ extension ReplicatedWrite: ProtobufCBacked {
         c.pointee.has_created = 1; c.pointee.created = self.created ? 1 : 0
         (c.pointee.n_customers, c.pointee.customers) = try arena.lowerMessages(self.customers, field: "customers")
         (c.pointee.n_aliases, c.pointee.aliases) = try arena.lowerMessages(self.aliases, field: "aliases")
+        c.pointee.source = try arena.lowerMessage(self.source, field: "source")
         return c
     }
 }

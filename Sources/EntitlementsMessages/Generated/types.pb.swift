@@ -1006,3 +1006,79 @@ extension CandidateExplanation: ProtobufCBacked {
         return c
     }
 }
+
+/// Where a write came from, as the log keeps it for a customer's history
+/// (CustomerHistory): the method or store notification that wrote it, who called, and
+/// the store's id for the event. Never a token.
+public struct WriteSource: Sendable, Hashable {
+    /// The RPC ("GrantEntitlement", "SubmitPurchase") or the store path that wrote it
+    /// ("stripe", "app_store", "google_play", "app_store_recheck").
+    public var method: String? = nil
+    /// The caller: the listener and the kind of credential ("tcp token", "grpc
+    /// certificate CN=billing", "unix none", "webhooks").
+    public var caller: String? = nil
+    /// The store's id for the event: a Stripe event id, an App Store notificationUUID, a
+    /// Google Play Pub/Sub messageId.
+    public var eventId: String? = nil
+
+    /// Creates a message with every field absent (nil, empty, false, 0).
+    public init() {}
+
+    /// Creates a message; every field defaults to absent.
+    public init(
+        method: String? = nil,
+        caller: String? = nil,
+        eventId: String? = nil
+    ) {
+        self.method = method
+        self.caller = caller
+        self.eventId = eventId
+    }
+}
+
+extension WriteSource: ProtobufMessage {
+    public static let protoMessageName = "entitlements.v1.WriteSource"
+
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try unpackMessage(Self.self, from: bytes)
+    }
+
+    public func serialize(into buffer: inout ByteBuffer) throws {
+        try packMessage(self, into: &buffer)
+    }
+}
+
+extension WriteSource: ProtobufCBacked {
+    typealias CMessage = Entitlements__V1__WriteSource
+
+    static func unpack(
+        _ allocator: UnsafeMutablePointer<ProtobufCAllocator>,
+        _ count: Int,
+        _ bytes: UnsafePointer<UInt8>
+    ) -> UnsafeMutablePointer<CMessage>? {
+        entitlements__v1__write_source__unpack(allocator, count, bytes)
+    }
+
+    static func packedSize(_ message: UnsafePointer<CMessage>) -> Int {
+        entitlements__v1__write_source__get_packed_size(message)
+    }
+
+    static func pack(_ message: UnsafePointer<CMessage>, _ out: UnsafeMutablePointer<UInt8>) -> Int {
+        entitlements__v1__write_source__pack(message, out)
+    }
+
+    init(lifting c: CMessage) throws {
+        self.method = try liftString(c.method, field: "method")
+        self.caller = try liftString(c.caller, field: "caller")
+        self.eventId = try liftString(c.event_id, field: "event_id")
+    }
+
+    func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
+        let c = try arena.allocate(CMessage.self)
+        entitlements__v1__write_source__init(c)
+        c.pointee.method = try arena.lowerString(self.method, field: "method")
+        c.pointee.caller = try arena.lowerString(self.caller, field: "caller")
+        c.pointee.event_id = try arena.lowerString(self.eventId, field: "event_id")
+        return c
+    }
+}

@@ -9,12 +9,15 @@ public struct HTTP1Answer: Sendable {
     /// The connection closes once this answer is out (the rest of the request cannot be
     /// told from the next one).
     public var close: Bool
+    /// More response headers (the console's security headers).
+    public var headers: [(String, String)]
 
-    public init(_ status: HTTPResponseStatus, contentType: String, body: ByteBuffer, close: Bool = false) {
+    public init(_ status: HTTPResponseStatus, contentType: String, body: ByteBuffer, close: Bool = false, headers: [(String, String)] = []) {
         self.status = status
         self.contentType = contentType
         self.body = body
         self.close = close
+        self.headers = headers
     }
 
     /// A `text/plain` answer.
@@ -211,6 +214,9 @@ public final class HTTP1ExchangeHandler: ChannelInboundHandler {
             "content-length": String(answer.body.readableBytes),
         ]
         headers.add(name: "connection", value: keepAlive ? "keep-alive" : "close")
+        for (name, value) in answer.headers {
+            headers.add(name: name, value: value)
+        }
         context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: answer.status, headers: headers))), promise: nil)
         if head.method != .HEAD {
             context.write(self.wrapOutboundOut(.body(.byteBuffer(answer.body))), promise: nil)

@@ -22,6 +22,7 @@ public protocol CallCodec: Sendable {
     func encode(_ answer: SubmitPurchaseResponse) throws -> Encoded
     /// An explained check's answer (``CheckEntitlementsRequest/explain``).
     func encode(_ answer: CheckEntitlementsResponse) throws -> Encoded
+    func encode(_ answer: CustomerHistoryResponse) throws -> Encoded
 
     /// The size of an encoded answer's message, for ``AnswerLimit``.
     func byteCount(of encoded: Encoded) -> Int
@@ -46,6 +47,7 @@ extension LinkAliasRequest: ServiceRequest {}
 extension DeleteCustomerRequest: ServiceRequest {}
 extension WatchEntitlementsRequest: ServiceRequest {}
 extension SubmitPurchaseRequest: ServiceRequest {}
+extension CustomerHistoryRequest: ServiceRequest {}
 
 /// Protobuf requests and answers: the framed protocol's payloads, or gRPC's
 /// length-prefixed messages.
@@ -108,6 +110,10 @@ public struct ProtobufCodec: CallCodec {
     }
 
     public func encode(_ answer: CheckEntitlementsResponse) throws -> ByteBuffer {
+        try self.encoded { try answer.serialize(into: &$0) }
+    }
+
+    public func encode(_ answer: CustomerHistoryResponse) throws -> ByteBuffer {
         try self.encoded { try answer.serialize(into: &$0) }
     }
 
@@ -271,7 +277,7 @@ extension EntitlementMethods {
     /// Why `method` is not a unary call of this service, or nil.
     private static func unaryRefusal(_ method: MethodID) -> ServiceError? {
         switch method {
-        case .checkEntitlements, .batchCheckEntitlements, .health, .compact,
+        case .checkEntitlements, .batchCheckEntitlements, .health, .compact, .customerHistory,
             .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer, .submitPurchase:
             nil
         case .watchEntitlements:
@@ -310,6 +316,9 @@ extension EntitlementMethods {
             case .compact:
                 _ = try codec.decode(CompactRequest.self, from: body)
                 return Self.encoded(self.compact(call), codec) { try codec.encode($0) }
+            case .customerHistory:
+                let request = try codec.decode(CustomerHistoryRequest.self, from: body)
+                return Self.encoded(self.customerHistory(request, call), codec) { try codec.encode($0) }
             case .recordTransaction, .updateSubscriptionState, .grantEntitlement, .revokeGrant, .linkAlias, .deleteCustomer:
                 let mutation = try Self.mutation(method, body, codec)
                 if case .recordTransaction(let request) = mutation, request.transaction?.verified == true {

@@ -53,6 +53,14 @@ public struct CallContext {
     public var traceHeaders: TraceHeaders?
     /// The call's span, opened by the router when tracing is on (``CallTracing``).
     var span: CallSpan?
+    /// Where a write made in this call comes from, as the log keeps it for the customer's
+    /// history; nil: the method and the caller's listener and credential.
+    public var writeSource: WriteSource?
+
+    /// The store path whose writes run in this task (a webhook's event, a Pub/Sub message,
+    /// the App Store recheck): ingestion sets it around an event, and the writes it makes
+    /// carry it into the log (``EntitlementMethods/apply(_:_:)``).
+    @TaskLocal public static var storeSource: WriteSource?
 
     public init(
         eventLoop: any EventLoop,
@@ -253,7 +261,8 @@ public final class EntitlementMethods: Sendable {
     /// resolver has forgotten what it changed (so any later check sees it).
     func apply(_ mutation: LogRecord.Mutation, _ context: CallContext) -> MethodResult<WriteResponse> {
         let promise = context.eventLoop.makePromise(of: Result<WriteResponse, ServiceError>.self)
-        self.store.write(mutation, now: WallClock.unixMilliseconds()) { result in
+        let source = context.writeSource ?? WriteSource(method: "\(Self.method(of: mutation))", caller: context.access.callerDescription)
+        self.store.write(mutation, now: WallClock.unixMilliseconds(), source: source) { result in
             // The store calls this once every resolver has dropped what the write changed
             // (ServerServices.afterCommit).
             promise.succeed(result.map { outcome in

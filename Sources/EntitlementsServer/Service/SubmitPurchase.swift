@@ -62,7 +62,10 @@ extension EntitlementMethods {
         // The answer's check runs on the caller's loop, where the futures below complete.
         let call = NIOLoopBound(context, eventLoop: eventLoop)
         let submitted = eventLoop.makePromise(of: Result<SubmittedPurchase, ServiceError>.self)
-        submitted.completeWithTask { await verifier.submit(request, methods: self, on: eventLoop) }
+        let source = WriteSource(method: "SubmitPurchase", caller: context.access.callerDescription)
+        submitted.completeWithTask {
+            await CallContext.$storeSource.withValue(source) { await verifier.submit(request, methods: self, on: eventLoop) }
+        }
         let answer = submitted.futureResult.flatMap { result -> EventLoopFuture<Result<SubmitPurchaseResponse, ServiceError>> in
             switch result {
             case .failure(let error):

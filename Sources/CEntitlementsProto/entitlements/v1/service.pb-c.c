@@ -1132,6 +1132,141 @@ void   entitlements__v1__compact_response__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__compact_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   entitlements__v1__customer_history_request__init
+                     (Entitlements__V1__CustomerHistoryRequest         *message)
+{
+  static const Entitlements__V1__CustomerHistoryRequest init_value = ENTITLEMENTS__V1__CUSTOMER_HISTORY_REQUEST__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__customer_history_request__get_packed_size
+                     (const Entitlements__V1__CustomerHistoryRequest *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_history_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__customer_history_request__pack
+                     (const Entitlements__V1__CustomerHistoryRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_history_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__customer_history_request__pack_to_buffer
+                     (const Entitlements__V1__CustomerHistoryRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_history_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__CustomerHistoryRequest *
+       entitlements__v1__customer_history_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__CustomerHistoryRequest *)
+     protobuf_c_message_unpack (&entitlements__v1__customer_history_request__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__customer_history_request__free_unpacked
+                     (Entitlements__V1__CustomerHistoryRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__customer_history_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__customer_history_response__init
+                     (Entitlements__V1__CustomerHistoryResponse         *message)
+{
+  static const Entitlements__V1__CustomerHistoryResponse init_value = ENTITLEMENTS__V1__CUSTOMER_HISTORY_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__customer_history_response__get_packed_size
+                     (const Entitlements__V1__CustomerHistoryResponse *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_history_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__customer_history_response__pack
+                     (const Entitlements__V1__CustomerHistoryResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_history_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__customer_history_response__pack_to_buffer
+                     (const Entitlements__V1__CustomerHistoryResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__customer_history_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__CustomerHistoryResponse *
+       entitlements__v1__customer_history_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__CustomerHistoryResponse *)
+     protobuf_c_message_unpack (&entitlements__v1__customer_history_response__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__customer_history_response__free_unpacked
+                     (Entitlements__V1__CustomerHistoryResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__customer_history_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   entitlements__v1__history_entry__init
+                     (Entitlements__V1__HistoryEntry         *message)
+{
+  static const Entitlements__V1__HistoryEntry init_value = ENTITLEMENTS__V1__HISTORY_ENTRY__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__history_entry__get_packed_size
+                     (const Entitlements__V1__HistoryEntry *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__history_entry__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__history_entry__pack
+                     (const Entitlements__V1__HistoryEntry *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__history_entry__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__history_entry__pack_to_buffer
+                     (const Entitlements__V1__HistoryEntry *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__history_entry__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__HistoryEntry *
+       entitlements__v1__history_entry__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__HistoryEntry *)
+     protobuf_c_message_unpack (&entitlements__v1__history_entry__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__history_entry__free_unpacked
+                     (Entitlements__V1__HistoryEntry *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__history_entry__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor entitlements__v1__check_entitlements_request__field_descriptors[6] =
 {
   {
@@ -2757,6 +2892,315 @@ const ProtobufCMessageDescriptor entitlements__v1__compact_response__descriptor 
   (ProtobufCMessageInit) entitlements__v1__compact_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor entitlements__v1__customer_history_request__field_descriptors[3] =
+{
+  {
+    "user_id",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CustomerHistoryRequest, user_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "limit",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Entitlements__V1__CustomerHistoryRequest, has_limit),
+    offsetof(Entitlements__V1__CustomerHistoryRequest, limit),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "environment",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__CustomerHistoryRequest, has_environment),
+    offsetof(Entitlements__V1__CustomerHistoryRequest, environment),
+    &entitlements__v1__environment__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__customer_history_request__field_indices_by_name[] = {
+  2,   /* field[2] = environment */
+  1,   /* field[1] = limit */
+  0,   /* field[0] = user_id */
+};
+static const ProtobufCIntRange entitlements__v1__customer_history_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__customer_history_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.CustomerHistoryRequest",
+  "CustomerHistoryRequest",
+  "Entitlements__V1__CustomerHistoryRequest",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__CustomerHistoryRequest),
+  3,
+  entitlements__v1__customer_history_request__field_descriptors,
+  entitlements__v1__customer_history_request__field_indices_by_name,
+  1,  entitlements__v1__customer_history_request__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__customer_history_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__customer_history_response__field_descriptors[7] =
+{
+  {
+    "user_id",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CustomerHistoryResponse, user_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "customer_id",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__CustomerHistoryResponse, customer_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "entries",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__CustomerHistoryResponse, n_entries),
+    offsetof(Entitlements__V1__CustomerHistoryResponse, entries),
+    &entitlements__v1__history_entry__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "starts_after_log_sequence",
+    4,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__CustomerHistoryResponse, has_starts_after_log_sequence),
+    offsetof(Entitlements__V1__CustomerHistoryResponse, starts_after_log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "starts_date",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__CustomerHistoryResponse, has_starts_date),
+    offsetof(Entitlements__V1__CustomerHistoryResponse, starts_date),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "log_sequence",
+    6,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__CustomerHistoryResponse, has_log_sequence),
+    offsetof(Entitlements__V1__CustomerHistoryResponse, log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "truncated",
+    7,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__CustomerHistoryResponse, has_truncated),
+    offsetof(Entitlements__V1__CustomerHistoryResponse, truncated),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__customer_history_response__field_indices_by_name[] = {
+  1,   /* field[1] = customer_id */
+  2,   /* field[2] = entries */
+  5,   /* field[5] = log_sequence */
+  3,   /* field[3] = starts_after_log_sequence */
+  4,   /* field[4] = starts_date */
+  6,   /* field[6] = truncated */
+  0,   /* field[0] = user_id */
+};
+static const ProtobufCIntRange entitlements__v1__customer_history_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__customer_history_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.CustomerHistoryResponse",
+  "CustomerHistoryResponse",
+  "Entitlements__V1__CustomerHistoryResponse",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__CustomerHistoryResponse),
+  7,
+  entitlements__v1__customer_history_response__field_descriptors,
+  entitlements__v1__customer_history_response__field_indices_by_name,
+  1,  entitlements__v1__customer_history_response__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__customer_history_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__history_entry__field_descriptors[8] =
+{
+  {
+    "date",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Entitlements__V1__HistoryEntry, has_date),
+    offsetof(Entitlements__V1__HistoryEntry, date),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "cause",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_ENUM,
+    offsetof(Entitlements__V1__HistoryEntry, has_cause),
+    offsetof(Entitlements__V1__HistoryEntry, cause),
+    &entitlements__v1__change_cause__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "log_sequence",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Entitlements__V1__HistoryEntry, has_log_sequence),
+    offsetof(Entitlements__V1__HistoryEntry, log_sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "source",
+    4,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__HistoryEntry, source),
+    &entitlements__v1__write_source__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "summary",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__HistoryEntry, summary),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "changes",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__HistoryEntry, n_changes),
+    offsetof(Entitlements__V1__HistoryEntry, changes),
+    &entitlements__v1__entitlement_change__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "entitlements",
+    7,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Entitlements__V1__HistoryEntry, n_entitlements),
+    offsetof(Entitlements__V1__HistoryEntry, entitlements),
+    &entitlements__v1__entitlement__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "deleted",
+    8,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_BOOL,
+    offsetof(Entitlements__V1__HistoryEntry, has_deleted),
+    offsetof(Entitlements__V1__HistoryEntry, deleted),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__history_entry__field_indices_by_name[] = {
+  1,   /* field[1] = cause */
+  5,   /* field[5] = changes */
+  0,   /* field[0] = date */
+  7,   /* field[7] = deleted */
+  6,   /* field[6] = entitlements */
+  2,   /* field[2] = log_sequence */
+  3,   /* field[3] = source */
+  4,   /* field[4] = summary */
+};
+static const ProtobufCIntRange entitlements__v1__history_entry__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 8 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__history_entry__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.HistoryEntry",
+  "HistoryEntry",
+  "Entitlements__V1__HistoryEntry",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__HistoryEntry),
+  8,
+  entitlements__v1__history_entry__field_descriptors,
+  entitlements__v1__history_entry__field_indices_by_name,
+  1,  entitlements__v1__history_entry__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__history_entry__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCEnumValue entitlements__v1__change_cause__enum_values_by_number[4] =
 {
   { "CHANGE_CAUSE_UNSPECIFIED", "ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_UNSPECIFIED", 0 },
@@ -2819,12 +3263,13 @@ const ProtobufCEnumDescriptor entitlements__v1__serving_status__descriptor =
   entitlements__v1__serving_status__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCMethodDescriptor entitlements__v1__entitlement_service__method_descriptors[12] =
+static const ProtobufCMethodDescriptor entitlements__v1__entitlement_service__method_descriptors[13] =
 {
   { "CheckEntitlements", &entitlements__v1__check_entitlements_request__descriptor, &entitlements__v1__check_entitlements_response__descriptor },
   { "BatchCheckEntitlements", &entitlements__v1__batch_check_entitlements_request__descriptor, &entitlements__v1__batch_check_entitlements_response__descriptor },
   { "WatchEntitlements", &entitlements__v1__watch_entitlements_request__descriptor, &entitlements__v1__entitlements_changed_event__descriptor },
   { "Health", &entitlements__v1__health_request__descriptor, &entitlements__v1__health_response__descriptor },
+  { "CustomerHistory", &entitlements__v1__customer_history_request__descriptor, &entitlements__v1__customer_history_response__descriptor },
   { "RecordTransaction", &entitlements__v1__record_transaction_request__descriptor, &entitlements__v1__write_response__descriptor },
   { "UpdateSubscriptionState", &entitlements__v1__update_subscription_state_request__descriptor, &entitlements__v1__write_response__descriptor },
   { "GrantEntitlement", &entitlements__v1__grant_entitlement_request__descriptor, &entitlements__v1__write_response__descriptor },
@@ -2837,15 +3282,16 @@ static const ProtobufCMethodDescriptor entitlements__v1__entitlement_service__me
 const unsigned entitlements__v1__entitlement_service__method_indices_by_name[] = {
   1,        /* BatchCheckEntitlements */
   0,        /* CheckEntitlements */
-  11,        /* Compact */
-  9,        /* DeleteCustomer */
-  6,        /* GrantEntitlement */
+  12,        /* Compact */
+  4,        /* CustomerHistory */
+  10,        /* DeleteCustomer */
+  7,        /* GrantEntitlement */
   3,        /* Health */
-  8,        /* LinkAlias */
-  4,        /* RecordTransaction */
-  7,        /* RevokeGrant */
-  10,        /* SubmitPurchase */
-  5,        /* UpdateSubscriptionState */
+  9,        /* LinkAlias */
+  5,        /* RecordTransaction */
+  8,        /* RevokeGrant */
+  11,        /* SubmitPurchase */
+  6,        /* UpdateSubscriptionState */
   2         /* WatchEntitlements */
 };
 const ProtobufCServiceDescriptor entitlements__v1__entitlement_service__descriptor =
@@ -2855,7 +3301,7 @@ const ProtobufCServiceDescriptor entitlements__v1__entitlement_service__descript
   "EntitlementService",
   "Entitlements__V1__EntitlementService",
   "entitlements.v1",
-  12,
+  13,
   entitlements__v1__entitlement_service__method_descriptors,
   entitlements__v1__entitlement_service__method_indices_by_name
 };
@@ -2891,13 +3337,21 @@ void entitlements__v1__entitlement_service__health(ProtobufCService *service,
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
   service->invoke(service, 3, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
+void entitlements__v1__entitlement_service__customer_history(ProtobufCService *service,
+                                                             const Entitlements__V1__CustomerHistoryRequest *input,
+                                                             Entitlements__V1__CustomerHistoryResponse_Closure closure,
+                                                             void *closure_data)
+{
+  assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
+  service->invoke(service, 4, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
 void entitlements__v1__entitlement_service__record_transaction(ProtobufCService *service,
                                                                const Entitlements__V1__RecordTransactionRequest *input,
                                                                Entitlements__V1__WriteResponse_Closure closure,
                                                                void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 4, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 5, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__update_subscription_state(ProtobufCService *service,
                                                                       const Entitlements__V1__UpdateSubscriptionStateRequest *input,
@@ -2905,7 +3359,7 @@ void entitlements__v1__entitlement_service__update_subscription_state(ProtobufCS
                                                                       void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 5, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 6, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__grant_entitlement(ProtobufCService *service,
                                                               const Entitlements__V1__GrantEntitlementRequest *input,
@@ -2913,7 +3367,7 @@ void entitlements__v1__entitlement_service__grant_entitlement(ProtobufCService *
                                                               void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 6, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 7, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__revoke_grant(ProtobufCService *service,
                                                          const Entitlements__V1__RevokeGrantRequest *input,
@@ -2921,7 +3375,7 @@ void entitlements__v1__entitlement_service__revoke_grant(ProtobufCService *servi
                                                          void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 7, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 8, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__link_alias(ProtobufCService *service,
                                                        const Entitlements__V1__LinkAliasRequest *input,
@@ -2929,7 +3383,7 @@ void entitlements__v1__entitlement_service__link_alias(ProtobufCService *service
                                                        void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 8, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 9, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__delete_customer(ProtobufCService *service,
                                                             const Entitlements__V1__DeleteCustomerRequest *input,
@@ -2937,7 +3391,7 @@ void entitlements__v1__entitlement_service__delete_customer(ProtobufCService *se
                                                             void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 9, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 10, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__submit_purchase(ProtobufCService *service,
                                                             const Entitlements__V1__SubmitPurchaseRequest *input,
@@ -2945,7 +3399,7 @@ void entitlements__v1__entitlement_service__submit_purchase(ProtobufCService *se
                                                             void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 10, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 11, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__compact(ProtobufCService *service,
                                                     const Entitlements__V1__CompactRequest *input,
@@ -2953,7 +3407,7 @@ void entitlements__v1__entitlement_service__compact(ProtobufCService *service,
                                                     void *closure_data)
 {
   assert(service->descriptor == &entitlements__v1__entitlement_service__descriptor);
-  service->invoke(service, 11, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+  service->invoke(service, 12, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void entitlements__v1__entitlement_service__init (Entitlements__V1__EntitlementService_Service *service,
                                                   Entitlements__V1__EntitlementService_ServiceDestroy destroy)

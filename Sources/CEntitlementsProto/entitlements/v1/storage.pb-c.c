@@ -701,7 +701,7 @@ const ProtobufCMessageDescriptor entitlements__v1__snapshot_header__descriptor =
   (ProtobufCMessageInit) entitlements__v1__snapshot_header__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__log_record__field_descriptors[9] =
+static const ProtobufCFieldDescriptor entitlements__v1__log_record__field_descriptors[10] =
 {
   {
     "sequence",
@@ -723,6 +723,18 @@ static const ProtobufCFieldDescriptor entitlements__v1__log_record__field_descri
     offsetof(Entitlements__V1__LogRecord, has_recorded_date),
     offsetof(Entitlements__V1__LogRecord, recorded_date),
     NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "source",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__LogRecord, source),
+    &entitlements__v1__write_source__descriptor,
     NULL,
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
@@ -813,21 +825,22 @@ static const ProtobufCFieldDescriptor entitlements__v1__log_record__field_descri
   },
 };
 static const unsigned entitlements__v1__log_record__field_indices_by_name[] = {
-  7,   /* field[7] = delete_customer */
-  4,   /* field[4] = grant_entitlement */
-  6,   /* field[6] = link_alias */
-  2,   /* field[2] = record_transaction */
+  8,   /* field[8] = delete_customer */
+  5,   /* field[5] = grant_entitlement */
+  7,   /* field[7] = link_alias */
+  3,   /* field[3] = record_transaction */
   1,   /* field[1] = recorded_date */
-  8,   /* field[8] = replicated_write */
-  5,   /* field[5] = revoke_grant */
+  9,   /* field[9] = replicated_write */
+  6,   /* field[6] = revoke_grant */
   0,   /* field[0] = sequence */
-  3,   /* field[3] = update_subscription_state */
+  2,   /* field[2] = source */
+  4,   /* field[4] = update_subscription_state */
 };
 static const ProtobufCIntRange entitlements__v1__log_record__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 16, 2 },
-  { 0, 9 }
+  { 16, 3 },
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__log_record__descriptor =
 {
@@ -837,7 +850,7 @@ const ProtobufCMessageDescriptor entitlements__v1__log_record__descriptor =
   "Entitlements__V1__LogRecord",
   "entitlements.v1",
   sizeof(Entitlements__V1__LogRecord),
-  9,
+  10,
   entitlements__v1__log_record__field_descriptors,
   entitlements__v1__log_record__field_indices_by_name,
   2,  entitlements__v1__log_record__number_ranges,
@@ -946,7 +959,7 @@ const ProtobufCMessageDescriptor entitlements__v1__alias_change__descriptor =
   (ProtobufCMessageInit) entitlements__v1__alias_change__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__replicated_write__field_descriptors[4] =
+static const ProtobufCFieldDescriptor entitlements__v1__replicated_write__field_descriptors[5] =
 {
   {
     "customer_id",
@@ -996,17 +1009,30 @@ static const ProtobufCFieldDescriptor entitlements__v1__replicated_write__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "source",
+    5,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__ReplicatedWrite, source),
+    &entitlements__v1__write_source__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__replicated_write__field_indices_by_name[] = {
   3,   /* field[3] = aliases */
   1,   /* field[1] = created */
   0,   /* field[0] = customer_id */
   2,   /* field[2] = customers */
+  4,   /* field[4] = source */
 };
 static const ProtobufCIntRange entitlements__v1__replicated_write__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__replicated_write__descriptor =
 {
@@ -1016,7 +1042,7 @@ const ProtobufCMessageDescriptor entitlements__v1__replicated_write__descriptor 
   "Entitlements__V1__ReplicatedWrite",
   "entitlements.v1",
   sizeof(Entitlements__V1__ReplicatedWrite),
-  4,
+  5,
   entitlements__v1__replicated_write__field_descriptors,
   entitlements__v1__replicated_write__field_indices_by_name,
   1,  entitlements__v1__replicated_write__number_ranges,

@@ -322,6 +322,51 @@ void   entitlements__v1__candidate_explanation__free_unpacked
   assert(message->base.descriptor == &entitlements__v1__candidate_explanation__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   entitlements__v1__write_source__init
+                     (Entitlements__V1__WriteSource         *message)
+{
+  static const Entitlements__V1__WriteSource init_value = ENTITLEMENTS__V1__WRITE_SOURCE__INIT;
+  *message = init_value;
+}
+size_t entitlements__v1__write_source__get_packed_size
+                     (const Entitlements__V1__WriteSource *message)
+{
+  assert(message->base.descriptor == &entitlements__v1__write_source__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t entitlements__v1__write_source__pack
+                     (const Entitlements__V1__WriteSource *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &entitlements__v1__write_source__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t entitlements__v1__write_source__pack_to_buffer
+                     (const Entitlements__V1__WriteSource *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &entitlements__v1__write_source__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Entitlements__V1__WriteSource *
+       entitlements__v1__write_source__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Entitlements__V1__WriteSource *)
+     protobuf_c_message_unpack (&entitlements__v1__write_source__descriptor,
+                                allocator, len, data);
+}
+void   entitlements__v1__write_source__free_unpacked
+                     (Entitlements__V1__WriteSource *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &entitlements__v1__write_source__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor entitlements__v1__transaction__field_descriptors[14] =
 {
   {
@@ -1483,6 +1528,70 @@ const ProtobufCMessageDescriptor entitlements__v1__candidate_explanation__descri
   entitlements__v1__candidate_explanation__field_indices_by_name,
   1,  entitlements__v1__candidate_explanation__number_ranges,
   (ProtobufCMessageInit) entitlements__v1__candidate_explanation__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor entitlements__v1__write_source__field_descriptors[3] =
+{
+  {
+    "method",
+    1,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__WriteSource, method),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "caller",
+    2,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__WriteSource, caller),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "event_id",
+    3,
+    PROTOBUF_C_LABEL_OPTIONAL,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Entitlements__V1__WriteSource, event_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned entitlements__v1__write_source__field_indices_by_name[] = {
+  1,   /* field[1] = caller */
+  2,   /* field[2] = event_id */
+  0,   /* field[0] = method */
+};
+static const ProtobufCIntRange entitlements__v1__write_source__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor entitlements__v1__write_source__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "entitlements.v1.WriteSource",
+  "WriteSource",
+  "Entitlements__V1__WriteSource",
+  "entitlements.v1",
+  sizeof(Entitlements__V1__WriteSource),
+  3,
+  entitlements__v1__write_source__field_descriptors,
+  entitlements__v1__write_source__field_indices_by_name,
+  1,  entitlements__v1__write_source__number_ranges,
+  (ProtobufCMessageInit) entitlements__v1__write_source__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue entitlements__v1__source__enum_values_by_number[5] =

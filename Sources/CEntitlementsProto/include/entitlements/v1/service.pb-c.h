@@ -41,6 +41,9 @@ typedef struct Entitlements__V1__AuthenticateRequest Entitlements__V1__Authentic
 typedef struct Entitlements__V1__AuthenticateResponse Entitlements__V1__AuthenticateResponse;
 typedef struct Entitlements__V1__CompactRequest Entitlements__V1__CompactRequest;
 typedef struct Entitlements__V1__CompactResponse Entitlements__V1__CompactResponse;
+typedef struct Entitlements__V1__CustomerHistoryRequest Entitlements__V1__CustomerHistoryRequest;
+typedef struct Entitlements__V1__CustomerHistoryResponse Entitlements__V1__CustomerHistoryResponse;
+typedef struct Entitlements__V1__HistoryEntry Entitlements__V1__HistoryEntry;
 
 
 /* --- enums --- */
@@ -670,6 +673,123 @@ struct  Entitlements__V1__CompactResponse
     , NULL, 0, 0 }
 
 
+/*
+ * Method 6. A customer's timeline, oldest first: every write applied to it that the
+ * server still holds (docs/durability.md, "History"), with its source and the
+ * entitlements after it, and the time-driven changes (expiries, grace ends) at their
+ * instants. Needs the `check` permission.
+ */
+struct  Entitlements__V1__CustomerHistoryRequest
+{
+  ProtobufCMessage base;
+  /*
+   * A customer id or alias (an alias names the customer that holds it now).
+   */
+  char *user_id;
+  /*
+   * At most this many entries, the latest ones (default and cap: 1000).
+   */
+  protobuf_c_boolean has_limit;
+  uint32_t limit;
+  /*
+   * The environment entitlements are resolved in, as in CheckEntitlementsRequest.
+   */
+  protobuf_c_boolean has_environment;
+  Entitlements__V1__Environment environment;
+};
+#define ENTITLEMENTS__V1__CUSTOMER_HISTORY_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__customer_history_request__descriptor) \
+    , NULL, 0, 0, 0, ENTITLEMENTS__V1__ENVIRONMENT__ENVIRONMENT_UNSPECIFIED }
+
+
+struct  Entitlements__V1__CustomerHistoryResponse
+{
+  ProtobufCMessage base;
+  char *user_id;
+  /*
+   * The customer the history is of; absent when no write ever named it.
+   */
+  char *customer_id;
+  size_t n_entries;
+  Entitlements__V1__HistoryEntry **entries;
+  /*
+   * Where the history starts: the log sequence of the oldest state it holds. Writes up to
+   * it are folded into that state (its first entry, cause UNSPECIFIED, when the customer
+   * existed then); 0 when the server holds every write since its data began.
+   */
+  protobuf_c_boolean has_starts_after_log_sequence;
+  uint64_t starts_after_log_sequence;
+  /*
+   * When that state was written (the snapshot's creation date); absent for 0.
+   */
+  protobuf_c_boolean has_starts_date;
+  int64_t starts_date;
+  /*
+   * The log sequence the history runs to: every write up to it is in.
+   */
+  protobuf_c_boolean has_log_sequence;
+  uint64_t log_sequence;
+  /*
+   * Older entries were left out to keep to `limit`.
+   */
+  protobuf_c_boolean has_truncated;
+  protobuf_c_boolean truncated;
+};
+#define ENTITLEMENTS__V1__CUSTOMER_HISTORY_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__customer_history_response__descriptor) \
+    , NULL, NULL, 0,NULL, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+
+/*
+ * One step of a customer's history.
+ */
+struct  Entitlements__V1__HistoryEntry
+{
+  ProtobufCMessage base;
+  /*
+   * The write's recorded date, or the instant time changed the answer.
+   */
+  protobuf_c_boolean has_date;
+  int64_t date;
+  /*
+   * WRITE, TIME, or UNSPECIFIED for the state the history starts from.
+   */
+  protobuf_c_boolean has_cause;
+  Entitlements__V1__ChangeCause cause;
+  /*
+   * WRITE: the write's log sequence.
+   */
+  protobuf_c_boolean has_log_sequence;
+  uint64_t log_sequence;
+  /*
+   * WRITE: where it came from; absent for writes logged before sources were kept.
+   */
+  Entitlements__V1__WriteSource *source;
+  /*
+   * What happened, in one line ("GrantEntitlement premium grant promo-1 until ...").
+   */
+  char *summary;
+  /*
+   * Each entitlement whose isActive or renewState changed, as watch events have them.
+   */
+  size_t n_changes;
+  Entitlements__V1__EntitlementChange **changes;
+  /*
+   * The customer's entitlements right after the step, at `date`.
+   */
+  size_t n_entitlements;
+  Entitlements__V1__Entitlement **entitlements;
+  /*
+   * The customer does not exist after this step (deleted).
+   */
+  protobuf_c_boolean has_deleted;
+  protobuf_c_boolean deleted;
+};
+#define ENTITLEMENTS__V1__HISTORY_ENTRY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__history_entry__descriptor) \
+    , 0, 0, 0, ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_UNSPECIFIED, 0, 0, NULL, NULL, 0,NULL, 0,NULL, 0, 0 }
+
+
 /* Entitlements__V1__CheckEntitlementsRequest methods */
 void   entitlements__v1__check_entitlements_request__init
                      (Entitlements__V1__CheckEntitlementsRequest         *message);
@@ -1145,6 +1265,63 @@ Entitlements__V1__CompactResponse *
 void   entitlements__v1__compact_response__free_unpacked
                      (Entitlements__V1__CompactResponse *message,
                       ProtobufCAllocator *allocator);
+/* Entitlements__V1__CustomerHistoryRequest methods */
+void   entitlements__v1__customer_history_request__init
+                     (Entitlements__V1__CustomerHistoryRequest         *message);
+size_t entitlements__v1__customer_history_request__get_packed_size
+                     (const Entitlements__V1__CustomerHistoryRequest   *message);
+size_t entitlements__v1__customer_history_request__pack
+                     (const Entitlements__V1__CustomerHistoryRequest   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__customer_history_request__pack_to_buffer
+                     (const Entitlements__V1__CustomerHistoryRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__CustomerHistoryRequest *
+       entitlements__v1__customer_history_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__customer_history_request__free_unpacked
+                     (Entitlements__V1__CustomerHistoryRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__CustomerHistoryResponse methods */
+void   entitlements__v1__customer_history_response__init
+                     (Entitlements__V1__CustomerHistoryResponse         *message);
+size_t entitlements__v1__customer_history_response__get_packed_size
+                     (const Entitlements__V1__CustomerHistoryResponse   *message);
+size_t entitlements__v1__customer_history_response__pack
+                     (const Entitlements__V1__CustomerHistoryResponse   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__customer_history_response__pack_to_buffer
+                     (const Entitlements__V1__CustomerHistoryResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__CustomerHistoryResponse *
+       entitlements__v1__customer_history_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__customer_history_response__free_unpacked
+                     (Entitlements__V1__CustomerHistoryResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Entitlements__V1__HistoryEntry methods */
+void   entitlements__v1__history_entry__init
+                     (Entitlements__V1__HistoryEntry         *message);
+size_t entitlements__v1__history_entry__get_packed_size
+                     (const Entitlements__V1__HistoryEntry   *message);
+size_t entitlements__v1__history_entry__pack
+                     (const Entitlements__V1__HistoryEntry   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__history_entry__pack_to_buffer
+                     (const Entitlements__V1__HistoryEntry   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__HistoryEntry *
+       entitlements__v1__history_entry__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__history_entry__free_unpacked
+                     (Entitlements__V1__HistoryEntry *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Entitlements__V1__CheckEntitlementsRequest_Closure)
@@ -1222,6 +1399,15 @@ typedef void (*Entitlements__V1__CompactRequest_Closure)
 typedef void (*Entitlements__V1__CompactResponse_Closure)
                  (const Entitlements__V1__CompactResponse *message,
                   void *closure_data);
+typedef void (*Entitlements__V1__CustomerHistoryRequest_Closure)
+                 (const Entitlements__V1__CustomerHistoryRequest *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__CustomerHistoryResponse_Closure)
+                 (const Entitlements__V1__CustomerHistoryResponse *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__HistoryEntry_Closure)
+                 (const Entitlements__V1__HistoryEntry *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1245,6 +1431,10 @@ struct Entitlements__V1__EntitlementService_Service
                  const Entitlements__V1__HealthRequest *input,
                  Entitlements__V1__HealthResponse_Closure closure,
                  void *closure_data);
+  void (*customer_history)(Entitlements__V1__EntitlementService_Service *service,
+                           const Entitlements__V1__CustomerHistoryRequest *input,
+                           Entitlements__V1__CustomerHistoryResponse_Closure closure,
+                           void *closure_data);
   void (*record_transaction)(Entitlements__V1__EntitlementService_Service *service,
                              const Entitlements__V1__RecordTransactionRequest *input,
                              Entitlements__V1__WriteResponse_Closure closure,
@@ -1289,6 +1479,7 @@ void entitlements__v1__entitlement_service__init (Entitlements__V1__EntitlementS
       function_prefix__ ## batch_check_entitlements,\
       function_prefix__ ## watch_entitlements,\
       function_prefix__ ## health,\
+      function_prefix__ ## customer_history,\
       function_prefix__ ## record_transaction,\
       function_prefix__ ## update_subscription_state,\
       function_prefix__ ## grant_entitlement,\
@@ -1313,6 +1504,10 @@ void entitlements__v1__entitlement_service__health(ProtobufCService *service,
                                                    const Entitlements__V1__HealthRequest *input,
                                                    Entitlements__V1__HealthResponse_Closure closure,
                                                    void *closure_data);
+void entitlements__v1__entitlement_service__customer_history(ProtobufCService *service,
+                                                             const Entitlements__V1__CustomerHistoryRequest *input,
+                                                             Entitlements__V1__CustomerHistoryResponse_Closure closure,
+                                                             void *closure_data);
 void entitlements__v1__entitlement_service__record_transaction(ProtobufCService *service,
                                                                const Entitlements__V1__RecordTransactionRequest *input,
                                                                Entitlements__V1__WriteResponse_Closure closure,
@@ -1375,6 +1570,9 @@ extern const ProtobufCMessageDescriptor entitlements__v1__authenticate_request__
 extern const ProtobufCMessageDescriptor entitlements__v1__authenticate_response__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__compact_request__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__compact_response__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__customer_history_request__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__customer_history_response__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__history_entry__descriptor;
 extern const ProtobufCServiceDescriptor entitlements__v1__entitlement_service__descriptor;
 
 PROTOBUF_C__END_DECLS

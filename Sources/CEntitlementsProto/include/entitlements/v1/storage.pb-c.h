@@ -167,6 +167,10 @@ struct  Entitlements__V1__LogRecord
   uint64_t sequence;
   protobuf_c_boolean has_recorded_date;
   int64_t recorded_date;
+  /*
+   * Where the write came from (a customer's history); absent in logs written before it.
+   */
+  Entitlements__V1__WriteSource *source;
   Entitlements__V1__LogRecord__MutationCase mutation_case;
   union {
     Entitlements__V1__RecordTransactionRequest *record_transaction;
@@ -183,7 +187,7 @@ struct  Entitlements__V1__LogRecord
 };
 #define ENTITLEMENTS__V1__LOG_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__log_record__descriptor) \
-    , 0, 0, 0, 0, ENTITLEMENTS__V1__LOG_RECORD__MUTATION__NOT_SET, {0} }
+    , 0, 0, 0, 0, NULL, ENTITLEMENTS__V1__LOG_RECORD__MUTATION__NOT_SET, {0} }
 
 
 /*
@@ -241,10 +245,14 @@ struct  Entitlements__V1__ReplicatedWrite
   Entitlements__V1__CustomerChange **customers;
   size_t n_aliases;
   Entitlements__V1__AliasChange **aliases;
+  /*
+   * Where the write came from (a customer's history).
+   */
+  Entitlements__V1__WriteSource *source;
 };
 #define ENTITLEMENTS__V1__REPLICATED_WRITE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__replicated_write__descriptor) \
-    , NULL, 0, 0, 0,NULL, 0,NULL }
+    , NULL, 0, 0, 0,NULL, 0,NULL, NULL }
 
 
 /* Entitlements__V1__Product methods */

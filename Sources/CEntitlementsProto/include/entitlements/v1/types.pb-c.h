@@ -22,6 +22,7 @@ typedef struct Entitlements__V1__Entitlement Entitlements__V1__Entitlement;
 typedef struct Entitlements__V1__Explanation Entitlements__V1__Explanation;
 typedef struct Entitlements__V1__EntitlementExplanation Entitlements__V1__EntitlementExplanation;
 typedef struct Entitlements__V1__CandidateExplanation Entitlements__V1__CandidateExplanation;
+typedef struct Entitlements__V1__WriteSource Entitlements__V1__WriteSource;
 
 
 /* --- enums --- */
@@ -517,6 +518,35 @@ struct  Entitlements__V1__CandidateExplanation
     , NULL, 0, ENTITLEMENTS__V1__SOURCE__SOURCE_UNKNOWN, NULL, NULL, 0, 0, 0, 0, 0, 0, NULL, 0, 0 }
 
 
+/*
+ * Where a write came from, as the log keeps it for a customer's history
+ * (CustomerHistory): the method or store notification that wrote it, who called, and
+ * the store's id for the event. Never a token.
+ */
+struct  Entitlements__V1__WriteSource
+{
+  ProtobufCMessage base;
+  /*
+   * The RPC ("GrantEntitlement", "SubmitPurchase") or the store path that wrote it
+   * ("stripe", "app_store", "google_play", "app_store_recheck").
+   */
+  char *method;
+  /*
+   * The caller: the listener and the kind of credential ("tcp token", "grpc
+   * certificate CN=billing", "unix none", "webhooks").
+   */
+  char *caller;
+  /*
+   * The store's id for the event: a Stripe event id, an App Store notificationUUID, a
+   * Google Play Pub/Sub messageId.
+   */
+  char *event_id;
+};
+#define ENTITLEMENTS__V1__WRITE_SOURCE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__write_source__descriptor) \
+    , NULL, NULL, NULL }
+
+
 /* Entitlements__V1__Transaction methods */
 void   entitlements__v1__transaction__init
                      (Entitlements__V1__Transaction         *message);
@@ -650,6 +680,25 @@ Entitlements__V1__CandidateExplanation *
 void   entitlements__v1__candidate_explanation__free_unpacked
                      (Entitlements__V1__CandidateExplanation *message,
                       ProtobufCAllocator *allocator);
+/* Entitlements__V1__WriteSource methods */
+void   entitlements__v1__write_source__init
+                     (Entitlements__V1__WriteSource         *message);
+size_t entitlements__v1__write_source__get_packed_size
+                     (const Entitlements__V1__WriteSource   *message);
+size_t entitlements__v1__write_source__pack
+                     (const Entitlements__V1__WriteSource   *message,
+                      uint8_t             *out);
+size_t entitlements__v1__write_source__pack_to_buffer
+                     (const Entitlements__V1__WriteSource   *message,
+                      ProtobufCBuffer     *buffer);
+Entitlements__V1__WriteSource *
+       entitlements__v1__write_source__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   entitlements__v1__write_source__free_unpacked
+                     (Entitlements__V1__WriteSource *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Entitlements__V1__Transaction_Closure)
@@ -672,6 +721,9 @@ typedef void (*Entitlements__V1__EntitlementExplanation_Closure)
                   void *closure_data);
 typedef void (*Entitlements__V1__CandidateExplanation_Closure)
                  (const Entitlements__V1__CandidateExplanation *message,
+                  void *closure_data);
+typedef void (*Entitlements__V1__WriteSource_Closure)
+                 (const Entitlements__V1__WriteSource *message,
                   void *closure_data);
 
 /* --- services --- */
@@ -697,6 +749,7 @@ extern const ProtobufCMessageDescriptor entitlements__v1__entitlement__descripto
 extern const ProtobufCMessageDescriptor entitlements__v1__explanation__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__entitlement_explanation__descriptor;
 extern const ProtobufCMessageDescriptor entitlements__v1__candidate_explanation__descriptor;
+extern const ProtobufCMessageDescriptor entitlements__v1__write_source__descriptor;
 
 PROTOBUF_C__END_DECLS
 

@@ -190,9 +190,10 @@ public enum EntitlementsOutput {
     }
 
     /// A watch event as one JSON line: customer, cause, what changed, and the new answer.
+    /// `aliasesChanged` comes last, only when the write linked, moved or removed an alias.
     public static func json(_ event: EntitlementsChangedEvent) -> String {
         let current = event.current ?? CheckEntitlementsResponse()
-        return JSONValue.object([
+        var fields: [(String, JSONValue)] = [
             ("customerId", .string(event.customerId)),
             ("cause", .string(event.cause == .time ? "time" : event.cause == .write ? "write" : nil)),
             ("logSequence", event.logSequence > 0 ? .int(Int64(event.logSequence)) : .null),
@@ -200,7 +201,11 @@ public enum EntitlementsOutput {
             ("requestDate", .date(current.requestDate)),
             ("validUntil", .date(current.validUntil)),
             ("entitlements", .object(current.entitlements.map { ($0.id ?? "", Self.json($0)) })),
-        ]).serialized(pretty: false)
+        ]
+        if !event.aliasesChanged.isEmpty {
+            fields.append(("aliasesChanged", .array(event.aliasesChanged.map { .string($0) })))
+        }
+        return JSONValue.object(fields).serialized(pretty: false)
     }
 
     /// A customer's history (CustomerHistory) as one JSON document: the customer, where the
@@ -285,9 +290,12 @@ public enum EntitlementsOutput {
         }
         let when = event.current?.requestDate.map(RFC3339.format) ?? "?"
         let cause = event.cause == .time ? "time" : "write \(event.logSequence)"
-        let changes = event.changes.isEmpty
-            ? "answer changed (dates only)"
+        var changes = event.changes.isEmpty
+            ? (event.aliasesChanged.isEmpty ? "answer changed (dates only)" : "")
             : event.changes.map { "\($0.entitlementId ?? "?"): \(state($0.before)) -> \(state($0.after))" }.joined(separator: "; ")
+        if !event.aliasesChanged.isEmpty {
+            changes += (changes.isEmpty ? "" : "; ") + "aliases changed: " + event.aliasesChanged.joined(separator: ", ")
+        }
         return "\(when) \(event.customerId ?? "?") [\(cause)] \(changes)"
     }
 

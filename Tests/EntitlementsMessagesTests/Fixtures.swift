@@ -163,7 +163,8 @@ enum Fixtures {
             cause: .time,
             changes: [entitlementChange],
             current: checkResponse,
-            logSequence: 99
+            logSequence: 99,
+            aliasesChanged: ["$anon:abc", "legacy-7"]
         ),
         recordTransaction,
         updateSubscriptionState,

@@ -187,6 +187,41 @@ struct WriteTests {
         try await fixture.stop()
     }
 
+    @Test("watch: an alias linked or moved, and a write that moves only validUntil, each send an event (what a client cache needs)", .timeLimit(.minutes(1)))
+    func watchAliasesAndValidUntil() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let events = try await client.watch(WatchEntitlementsRequest(allCustomers: true))
+        var iterator = events.makeAsyncIterator()
+        let wall = WallClock.unixMilliseconds()
+        let day: Int64 = 86_400_000
+        // Give the watch time to be registered before the first write.
+        try await Task.sleep(for: .milliseconds(200))
+        let linked: WriteResponse = try await client.call(.linkAlias, LinkAliasRequest(userId: "user-7", alias: "cache-alias-1"))
+        let first = try await iterator.next()
+        #expect(first?.customerId == "user-7" && first?.cause == .write && first?.logSequence == linked.logSequence)
+        #expect(first?.aliasesChanged == ["cache-alias-1"] && first?.changes == [])
+        let moved: WriteResponse = try await client.call(.linkAlias, LinkAliasRequest(userId: "user-8", alias: "cache-alias-1", transfer: true))
+        var movedEvents: [String: EntitlementsChangedEvent] = [:]
+        for _ in 0..<2 {
+            let event = try #require(try await iterator.next())
+            movedEvents[event.customerId ?? ""] = event
+        }
+        #expect(Set(movedEvents.keys) == ["user-7", "user-8"])
+        #expect(movedEvents.values.allSatisfy { $0.aliasesChanged == ["cache-alias-1"] && $0.logSequence == moved.logSequence })
+        // An expired grant, then one that starts tomorrow: the answer now is the same (the
+        // new grant has not started), but it now changes tomorrow.
+        let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant("vu-1", "old", entitlement: "x", from: wall - 2 * day, until: wall - day))
+        let created = try await iterator.next()
+        #expect(created?.customerId == "vu-1" && created?.current?.validUntil == nil)
+        let later: WriteResponse = try await client.call(.grantEntitlement, Self.grant("vu-1", "next", entitlement: "x", from: wall + day, until: wall + 2 * day))
+        let moves = try await iterator.next()
+        #expect(moves?.customerId == "vu-1" && moves?.logSequence == later.logSequence)
+        #expect(moves?.changes == [] && moves?.current?.validUntil == wall + day)
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("a watcher that does not read is ended with RESOURCE_EXHAUSTED; writers never wait for it")
     func slowWatcher() async throws {
         var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))

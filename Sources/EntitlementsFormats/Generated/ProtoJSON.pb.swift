@@ -367,6 +367,7 @@ extension EntitlementsChangedEvent: ProtoJSONDecodable {
         self.changes = try object.messages("changes", "changes", as: EntitlementChange.self)
         self.current = try object.message("current", "current", as: CheckEntitlementsResponse.self)
         self.logSequence = try object.uint64("logSequence", "log_sequence")
+        self.aliasesChanged = try object.strings("aliasesChanged", "aliases_changed")
         try object.finish()
     }
 }

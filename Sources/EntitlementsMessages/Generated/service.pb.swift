@@ -609,6 +609,11 @@ public struct EntitlementsChangedEvent: Sendable, Hashable {
     /// The write-ahead log sequence of the write that caused it (RESUMED: the
     /// sequence `current` reflects); absent (0) for time.
     public var logSequence: UInt64 = 0
+    /// WRITE: the aliases the write linked to this customer, moved away from it or removed
+    /// with it. An alias change sends an event even when the answer is the same (`changes`
+    /// empty): a client that keeps answers by user id must forget the alias's (docs/PROTOCOL.md,
+    /// "Keeping answers").
+    public var aliasesChanged: [String] = []
 
     /// Creates a message with every field absent (nil, empty, false, 0).
     public init() {}
@@ -619,13 +624,15 @@ public struct EntitlementsChangedEvent: Sendable, Hashable {
         cause: ChangeCause = .unspecified,
         changes: [EntitlementChange] = [],
         current: CheckEntitlementsResponse? = nil,
-        logSequence: UInt64 = 0
+        logSequence: UInt64 = 0,
+        aliasesChanged: [String] = []
     ) {
         self.customerId = customerId
         self.cause = cause
         self.changes = changes
         self.current = current
         self.logSequence = logSequence
+        self.aliasesChanged = aliasesChanged
     }
 }
 
@@ -666,6 +673,7 @@ extension EntitlementsChangedEvent: ProtobufCBacked {
         self.changes = try liftMessages(c.n_changes, c.changes, as: EntitlementChange.self, field: "changes")
         self.current = try liftMessage(c.current, as: CheckEntitlementsResponse.self, field: "current")
         self.logSequence = c.has_log_sequence != 0 ? c.log_sequence : 0
+        self.aliasesChanged = try liftStrings(c.n_aliases_changed, c.aliases_changed, field: "aliases_changed")
     }
 
     func lower(into arena: ProtobufArena) throws -> UnsafeMutablePointer<CMessage> {
@@ -676,6 +684,7 @@ extension EntitlementsChangedEvent: ProtobufCBacked {
         (c.pointee.n_changes, c.pointee.changes) = try arena.lowerMessages(self.changes, field: "changes")
         c.pointee.current = try arena.lowerMessage(self.current, field: "current")
         if self.logSequence != 0 { c.pointee.has_log_sequence = 1; c.pointee.log_sequence = self.logSequence }
+        (c.pointee.n_aliases_changed, c.pointee.aliases_changed) = try arena.lowerStrings(self.aliasesChanged, field: "aliases_changed")
         return c
     }
 }

@@ -243,7 +243,10 @@ public final class WatchStream: @unchecked Sendable {
         let old = self.known[customerId] ?? self.resolve(before, at: now).known
         var (new, response) = self.resolve(after, at: now)
         new.sequence = sequence
-        self.update(customerId: customerId, old: old, new: new, response: response, cause: .write, sequence: sequence)
+        let aliasesBefore = Set(before?.aliases ?? [])
+        let aliasesAfter = Set(after?.aliases ?? [])
+        let aliasesChanged = aliasesBefore.symmetricDifference(aliasesAfter).sorted()
+        self.update(customerId: customerId, old: old, new: new, response: response, cause: .write, sequence: sequence, aliasesChanged: aliasesChanged)
         if !self.finished {
             self.armTimer(now: now)
         }
@@ -277,13 +280,21 @@ public final class WatchStream: @unchecked Sendable {
         self.armTimer(now: now)
     }
 
-    private func update(customerId: String, old: Known, new: Known, response: CheckEntitlementsResponse, cause: ChangeCause, sequence: UInt64?) {
+    private func update(
+        customerId: String,
+        old: Known,
+        new: Known,
+        response: CheckEntitlementsResponse,
+        cause: ChangeCause,
+        sequence: UInt64?,
+        aliasesChanged: [String] = []
+    ) {
         if self.everyCustomer, self.known[customerId] == nil, self.known.count >= Self.trackedLimit {
             // Bounded: an untracked customer still gets write events, not time events.
         } else {
             self.known[customerId] = new
         }
-        guard new.encoded != old.encoded else {
+        guard new.encoded != old.encoded || !aliasesChanged.isEmpty else {
             return
         }
         var changes: [EntitlementChange] = []
@@ -292,7 +303,15 @@ public final class WatchStream: @unchecked Sendable {
         }
         var current = response
         current.logSequence = new.sequence
-        self.emit(EntitlementsChangedEvent(customerId: customerId, cause: cause, changes: changes, current: current, logSequence: sequence ?? 0), customerId: customerId)
+        let event = EntitlementsChangedEvent(
+            customerId: customerId,
+            cause: cause,
+            changes: changes,
+            current: current,
+            logSequence: sequence ?? 0,
+            aliasesChanged: aliasesChanged
+        )
+        self.emit(event, customerId: customerId)
     }
 
     /// Encodes `event` and delivers it.
@@ -315,7 +334,10 @@ public final class WatchStream: @unchecked Sendable {
                 states[id] = EntitlementState(isActive: entitlement.isActive, renewState: entitlement.renewState)
             }
         }
-        let encoded = (try? CheckEntitlementsResponse(entitlements: resolution.entitlements).serializedBytes()) ?? []
+        // The entitlements and until when they hold: a write that moves only validUntil (a
+        // grant that starts next week beside an expired purchase) is a change too, or a
+        // client keeping the answer until its validUntil would keep it too long.
+        let encoded = (try? CheckEntitlementsResponse(validUntil: resolution.validUntil, entitlements: resolution.entitlements).serializedBytes()) ?? []
         let response = resolution.response(userId: record?.id ?? "", customerId: record?.id, requestDate: now)
         return (Known(encoded: encoded, states: states, validUntil: resolution.validUntil), response)
     }

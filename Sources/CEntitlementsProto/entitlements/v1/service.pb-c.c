@@ -1832,7 +1832,7 @@ const ProtobufCMessageDescriptor entitlements__v1__entitlement_change__descripto
   (ProtobufCMessageInit) entitlements__v1__entitlement_change__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor entitlements__v1__entitlements_changed_event__field_descriptors[5] =
+static const ProtobufCFieldDescriptor entitlements__v1__entitlements_changed_event__field_descriptors[6] =
 {
   {
     "customer_id",
@@ -1894,8 +1894,21 @@ static const ProtobufCFieldDescriptor entitlements__v1__entitlements_changed_eve
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "aliases_changed",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Entitlements__V1__EntitlementsChangedEvent, n_aliases_changed),
+    offsetof(Entitlements__V1__EntitlementsChangedEvent, aliases_changed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned entitlements__v1__entitlements_changed_event__field_indices_by_name[] = {
+  5,   /* field[5] = aliases_changed */
   1,   /* field[1] = cause */
   2,   /* field[2] = changes */
   3,   /* field[3] = current */
@@ -1905,7 +1918,7 @@ static const unsigned entitlements__v1__entitlements_changed_event__field_indice
 static const ProtobufCIntRange entitlements__v1__entitlements_changed_event__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor entitlements__v1__entitlements_changed_event__descriptor =
 {
@@ -1915,7 +1928,7 @@ const ProtobufCMessageDescriptor entitlements__v1__entitlements_changed_event__d
   "Entitlements__V1__EntitlementsChangedEvent",
   "entitlements.v1",
   sizeof(Entitlements__V1__EntitlementsChangedEvent),
-  5,
+  6,
   entitlements__v1__entitlements_changed_event__field_descriptors,
   entitlements__v1__entitlements_changed_event__field_indices_by_name,
   1,  entitlements__v1__entitlements_changed_event__number_ranges,

@@ -316,10 +316,18 @@ struct  Entitlements__V1__EntitlementsChangedEvent
    */
   protobuf_c_boolean has_log_sequence;
   uint64_t log_sequence;
+  /*
+   * WRITE: the aliases the write linked to this customer, moved away from it or removed
+   * with it. An alias change sends an event even when the answer is the same (`changes`
+   * empty): a client that keeps answers by user id must forget the alias's (docs/PROTOCOL.md,
+   * "Keeping answers").
+   */
+  size_t n_aliases_changed;
+  char **aliases_changed;
 };
 #define ENTITLEMENTS__V1__ENTITLEMENTS_CHANGED_EVENT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&entitlements__v1__entitlements_changed_event__descriptor) \
-    , NULL, 0, ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_UNSPECIFIED, 0,NULL, NULL, 0, 0 }
+    , NULL, 0, ENTITLEMENTS__V1__CHANGE_CAUSE__CHANGE_CAUSE_UNSPECIFIED, 0,NULL, NULL, 0, 0, 0,NULL }
 
 
 /*

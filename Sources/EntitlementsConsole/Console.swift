@@ -32,12 +32,32 @@ public struct Console: AdminConsole {
         self.service = service
     }
 
+    /// Calls are POST with a JSON body from the console's own page: another site's page
+    /// can send a form (`text/plain`, no preflight), which is refused here, and a browser
+    /// that says where a request comes from (`Sec-Fetch-Site`, `Origin`) must say this
+    /// listener. So no other site can make an engineer's browser call the console, even
+    /// where the browser would present a client certificate by itself.
     public func head(_ head: HTTPRequestHead) -> HTTP1Answer? {
         let path = Self.path(head)
-        if path.hasPrefix("\(self.prefix)/api/") {
-            return head.method == .POST ? nil : .text(.methodNotAllowed, "console calls are POST with a JSON body\n")
+        guard path.hasPrefix("\(self.prefix)/api/") else {
+            return head.method == .GET || head.method == .HEAD ? nil : .text(.methodNotAllowed, "only GET\n")
         }
-        return head.method == .GET || head.method == .HEAD ? nil : .text(.methodNotAllowed, "only GET\n")
+        guard head.method == .POST else {
+            return .text(.methodNotAllowed, "console calls are POST with a JSON body\n")
+        }
+        let contentType = head.headers.first(name: "content-type")?.lowercased() ?? ""
+        guard contentType.hasPrefix("application/json") else {
+            return JSONDoorCall.refusal(ServiceError(.invalidArgument, "console calls send application/json (got \(contentType.isEmpty ? "none" : contentType))"))
+        }
+        if let site = head.headers.first(name: "sec-fetch-site")?.lowercased(), site != "same-origin", site != "none" {
+            return .text(.forbidden, "console calls come from the console's own page (Sec-Fetch-Site: \(site))\n")
+        }
+        if let origin = head.headers.first(name: "origin"), let host = head.headers.first(name: "host"),
+            origin != "http://\(host)", origin != "https://\(host)"
+        {
+            return .text(.forbidden, "console calls come from the console's own page (Origin \(origin) is not this listener)\n")
+        }
+        return nil
     }
 
     public func answer(_ head: HTTPRequestHead, body: ByteBuffer, credentials: ConnectionCredentials, start: NIODeadline, eventLoop: any EventLoop) -> HTTP1Reply {

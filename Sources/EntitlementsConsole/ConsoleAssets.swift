@@ -167,9 +167,9 @@ enum ConsoleAssets {
       }
 
       function renderHistory(history) {
-        $('reach').textContent = history.startsAfterLogSequence > 0
+        $('reach').textContent = (history.startsAfterLogSequence > 0
           ? 'From the state kept at log sequence ' + history.startsAfterLogSequence + ' (' + history.startsDate + '); earlier writes are folded into it.'
-          : 'Every write since the server\'s data began.' + (history.truncated ? ' Only the latest entries are shown.' : '');
+          : 'Every write since the server\'s data began.') + (history.truncated ? ' Only the latest entries are shown.' : '');
         const list = $('history');
         clear(list);
         for (const entry of history.entries) {

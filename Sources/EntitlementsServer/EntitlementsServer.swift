@@ -104,6 +104,10 @@ final class ServerServices: Sendable {
         let hotList = await self.pool.hotList()
         let report = try await self.store.compact(hotList: hotList, now: WallClock.unixMilliseconds())
         self.metrics.compactions.increment()
+        if !report.historyProblems.isEmpty {
+            // The compaction succeeded; what customers' histories need was not all kept.
+            self.report("warning: compaction could not keep all that customers' histories need, so they start later than --history-retention says: \(report.historyProblems.joined(separator: "; "))")
+        }
         return report
     }
 

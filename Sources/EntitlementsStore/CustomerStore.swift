@@ -135,6 +135,9 @@ public final class CustomerStore: Sendable {
         public var lastLogSequence: UInt64
         public var customers: UInt64
         public var removedSegments: [String]
+        /// Why what a customer's history needs could not all be kept (the compaction
+        /// itself succeeded; the history then starts later than the retention says).
+        public var historyProblems: [String] = []
     }
 
     /// The file names inside a data directory (docs/durability.md).
@@ -732,18 +735,20 @@ public final class CustomerStore: Sendable {
     /// The customer `userId` names now (its own id, an alias, or, for a customer no longer
     /// there, the id it had): its timeline from the oldest state the data directory keeps
     /// (docs/durability.md, "History"). Blocking: it reads a kept snapshot and every kept
-    /// and live log segment after it, so call it off the event loops.
+    /// and live log segment after it, so call it off the event loops. `cancelled` is asked
+    /// between segments: true ends the read with `CancellationError`.
     public func history(
         of userId: String,
         limit: Int,
         environment: Environment,
         now: Int64,
-        date: @escaping (Int64) -> String
+        date: @escaping (Int64) -> String,
+        cancelled: () -> Bool = { false }
     ) throws -> CustomerHistoryResponse {
         var attempt = 1
         while true {
             do {
-                return try self.readHistory(of: userId, limit: limit, environment: environment, now: now, date: date)
+                return try self.readHistory(of: userId, limit: limit, environment: environment, now: now, date: date, cancelled: cancelled)
             } catch let error as SnapshotError where error.code == .io && attempt < 3 {
                 attempt += 1  // a compaction moved or dropped a file meanwhile: list again
             }
@@ -767,30 +772,42 @@ public final class CustomerStore: Sendable {
         }
     }
 
-    private func readHistory(of userId: String, limit: Int, environment: Environment, now: Int64, date: @escaping (Int64) -> String) throws -> CustomerHistoryResponse {
+    private func readHistory(
+        of userId: String,
+        limit: Int,
+        environment: Environment,
+        now: Int64,
+        date: @escaping (Int64) -> String,
+        cancelled: () -> Bool
+    ) throws -> CustomerHistoryResponse {
         let (snapshot, sequence, current) = try self.state.withLock { state in
             (state.snapshot, state.committedSequence, try state.committed.customer(for: userId, snapshot: state.snapshot))
         }
         let customerId = current?.id ?? userId
         let archive = self.dataDirectory.flatMap { self.options.historyArchive(of: $0) }
-        // Every segment, kept and live, by first sequence.
+        // Every segment, live and kept, by first sequence: the live ones first, since a
+        // compaction moves a segment into the archive before it leaves the live list (so it
+        // is in one of the two lists, or its live path fails to open and this reads again).
         var segments: [UInt64: String] = [:]
-        for kept in try archive?.segments() ?? [] {
-            segments[kept.firstSequence] = kept.path
-        }
-        for path in self.log?.segmentPaths ?? [] {
+        let live = self.log?.segmentPaths ?? []
+        for path in live {
             let name = path.split(separator: "/").last.map(String.init) ?? path
             if let first = WriteAheadLog.firstSequence(ofSegmentNamed: name) {
                 segments[first] = path
             }
         }
+        for kept in try archive?.segments() ?? [] where segments[kept.firstSequence] == nil {
+            segments[kept.firstSequence] = kept.path
+        }
         let ordered = segments.sorted { $0.key < $1.key }
+        // Only the segment being written may end in a batch still being written.
+        let writing = live.last
         // The oldest kept state the segments continue from without a gap.
-        let live = HistoryArchive.Base(lastSequence: snapshot.header.lastLogSequence, createdDate: snapshot.header.createdDate ?? 0, path: snapshot.path)
-        let candidates = (try archive?.bases() ?? []) + [live]
+        let served = HistoryArchive.Base(lastSequence: snapshot.header.lastLogSequence, createdDate: snapshot.header.createdDate ?? 0, path: snapshot.path)
+        let candidates = (try archive?.bases() ?? []) + [served]
         let base = candidates.first { base in
             base.lastSequence >= sequence || ordered.contains { $0.key <= base.lastSequence + 1 }
-        } ?? live
+        } ?? served
         let baseRecord: CustomerRecord?
         if base.path == snapshot.path, base.lastSequence == snapshot.header.lastLogSequence {
             baseRecord = try snapshot.customer(for: customerId)
@@ -811,7 +828,10 @@ public final class CustomerStore: Sendable {
             if segment.key > sequence { break }
             // Only records that hold one of the customer's names can touch it: its id, or
             // an alias it holds (another customer taking that alias names the alias).
-            try WriteAheadLog.scanSegment(path: segment.value, after: base.lastSequence, wanted: { bytes in
+            if cancelled() {
+                throw CancellationError()
+            }
+            try WriteAheadLog.scanSegment(path: segment.value, after: base.lastSequence, mayBeWritten: segment.value == writing, wanted: { bytes in
                 builder.names.contains { name in Self.contains(bytes, name) }
             }) { record in
                 if record.sequence <= sequence {
@@ -866,7 +886,12 @@ public final class CustomerStore: Sendable {
         // customer's history may start from the old one: kept first (a hard link).
         let path = "\(directory)/\(Self.snapshotFileName)"
         let archive = self.options.historyArchive(of: directory)
-        try archive?.offer(snapshotPath: path, lastSequence: old.header.lastLogSequence, createdDate: old.header.createdDate ?? 0, now: now)
+        var historyProblems: [String] = []
+        do {
+            try archive?.offer(snapshotPath: path, lastSequence: old.header.lastLogSequence, createdDate: old.header.createdDate ?? 0)
+        } catch {
+            historyProblems.append("\(error)")  // history is optional; the compaction goes on
+        }
         let catalog = old.catalog
         let written: UInt64 = try await Self.onWorkerThread {
             var writer = try SnapshotWriter(
@@ -913,10 +938,20 @@ public final class CustomerStore: Sendable {
         ent_release_free_memory()
 
         // 4. The segments the snapshot covers are no longer needed.
-        let removed = try log.removeSegments(coveredBy: sequence, archive: archive)
+        let removed = try log.removeSegments(coveredBy: sequence, archive: archive, historyProblems: &historyProblems)
         CrashPoint.reach("compact.segments-removed")
-        try archive?.prune(now: now)
-        return CompactionReport(snapshotId: fresh.header.snapshotId ?? "", lastLogSequence: sequence, customers: written, removedSegments: removed)
+        do {
+            try archive?.prune(now: now)
+        } catch {
+            historyProblems.append("\(error)")
+        }
+        return CompactionReport(
+            snapshotId: fresh.header.snapshotId ?? "",
+            lastLogSequence: sequence,
+            customers: written,
+            removedSegments: removed,
+            historyProblems: historyProblems
+        )
     }
 
     /// Runs blocking file work on a thread of its own, not on Swift's cooperative pool.

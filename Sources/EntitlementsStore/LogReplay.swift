@@ -133,8 +133,6 @@ extension WriteAheadLog {
         path: String,
         after previousSequence: UInt64,
         mayTear: Bool,
-        readOnly: Bool = false,
-        wanted: ((UnsafeRawBufferPointer) -> Bool)? = nil,
         visit: ((LogRecord) throws -> Void)?
     ) throws -> Replay {
         let size = Int(lseek(fd, 0, SEEK_END))
@@ -154,17 +152,21 @@ extension WriteAheadLog {
             done += got
         }
         return try bytes.withUnsafeBytes { bytes in
-            try Self.replay(bytes, fd: fd, path: path, after: previousSequence, mayTear: mayTear, readOnly: readOnly, wanted: wanted, visit: visit)
+            try Self.replay(bytes, fd: fd, path: path, after: previousSequence, mayTear: mayTear, readOnly: false, tolerateTail: false, wanted: nil, visit: visit)
         }
     }
 
-    private static func replay(
+    /// `readOnly`: nothing is cut or set aside; a torn or damaged end is then an error,
+    /// unless `tolerateTail` (a segment being written: its last batch may be mid-write),
+    /// which ends the read there.
+    static func replay(
         _ bytes: UnsafeRawBufferPointer,
         fd: Int32,
         path: String,
         after previousSequence: UInt64,
         mayTear: Bool,
         readOnly: Bool,
+        tolerateTail: Bool,
         wanted: ((UnsafeRawBufferPointer) -> Bool)?,
         visit: ((LogRecord) throws -> Void)?
     ) throws -> Replay {
@@ -185,21 +187,21 @@ extension WriteAheadLog {
             case .valid(let range):
                 payload = range
             case .cutShort:
-                try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, known: version >= 2 ? .neverAcknowledged : .possiblyAcknowledged, replay: &replay)
+                try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, tolerateTail: tolerateTail, known: version >= 2 ? .neverAcknowledged : .possiblyAcknowledged, replay: &replay)
                 return replay
             case .damaged(let reason):
                 if version == 1, offset + 8 <= bytes.count, Int(bytes.littleEndian(at: offset, as: UInt32.self)) + 8 + offset == bytes.count {
                     // v1: a last batch that fails its checksum may be a crash's.
-                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, known: .possiblyAcknowledged, replay: &replay)
+                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, tolerateTail: tolerateTail, known: .possiblyAcknowledged, replay: &replay)
                     return replay
                 }
                 if bytes[offset...].allSatisfy({ $0 == 0 }) {
                     // The writer never writes zeros where a header goes: the file grew and
                     // a crash came before the data.
-                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, known: .neverAcknowledged, replay: &replay)
+                    try Self.setAside(bytes, fd: fd, path: path, at: offset, version: version, mayTear: mayTear, readOnly: readOnly, tolerateTail: tolerateTail, known: .neverAcknowledged, replay: &replay)
                     return replay
                 }
-                if readOnly, Self.validBatch(in: bytes, after: offset, version: version) == nil {
+                if readOnly, tolerateTail, Self.validBatch(in: bytes, after: offset, version: version) == nil {
                     return replay  // the end of a segment being written, seen mid-write
                 }
                 throw Self.damage(bytes, path: path, at: offset, version: version, reason: reason)
@@ -268,13 +270,17 @@ extension WriteAheadLog {
         version: UInt32,
         mayTear: Bool,
         readOnly: Bool = false,
+        tolerateTail: Bool = false,
         known: TornTail,
         replay: inout Replay
     ) throws {
-        if readOnly {
-            // A batch still being written (or a crash's, which start-up sets aside): the
-            // records before it are all a reader may rely on.
+        if readOnly, tolerateTail, Self.validBatch(in: bytes, after: offset, version: version) == nil {
+            // A batch still being written: the records before it are all a reader may
+            // rely on.
             return
+        }
+        if readOnly {
+            throw SnapshotError(code: .corrupt, path: path, offset: UInt64(offset), reason: "the batch here is incomplete or damaged, in a segment no longer written")
         }
         if let next = Self.validBatch(in: bytes, after: offset, version: version) {
             throw SnapshotError(

@@ -215,13 +215,16 @@ public final class WriteAheadLog: Sendable {
 
     /// Replays one segment file on its own (for tools and fuzzing): its records, and any
     /// torn tail (which is cut off).
-    /// Reads the records of one segment after `sequence`, without changing the file: a
-    /// segment being written may end in a batch still being written, which ends the read
-    /// (a customer's history reads only sequences known to be durable). Damage throws.
-    /// `wanted`, given the bytes of a record, says whether to decode it at all.
+    /// Reads the records of one segment after `sequence`, without changing the file (mapped,
+    /// not copied into memory). A segment being written (`mayBeWritten`) may end in a batch
+    /// still being written, which ends the read (a customer's history reads only sequences
+    /// known to be durable); any other damage, and a cut-short end of any other segment
+    /// (start-up cut torn ends off long ago), throws. `wanted`, given the bytes of a record,
+    /// says whether to decode it at all.
     public static func scanSegment(
         path: String,
         after sequence: UInt64,
+        mayBeWritten: Bool,
         wanted: ((UnsafeRawBufferPointer) -> Bool)? = nil,
         visit: (LogRecord) throws -> Void
     ) throws {
@@ -230,8 +233,25 @@ public final class WriteAheadLog: Sendable {
             throw SnapshotError(code: .io, path: path, reason: "cannot open the log segment: \(String(cString: strerror(errno)))")
         }
         defer { Glibc.close(fd) }
+        let size = Int(lseek(fd, 0, SEEK_END))
+        guard size > 0 else {
+            throw SnapshotError(code: .notASnapshot, path: path, offset: 0, reason: "an empty log segment (no header)")
+        }
+        guard let mapped = mmap(nil, size, PROT_READ, MAP_PRIVATE, fd, 0), mapped != MAP_FAILED else {
+            throw SnapshotError(code: .io, path: path, reason: "cannot map the log segment: \(String(cString: strerror(errno)))")
+        }
+        defer { munmap(mapped, size) }
         try withoutActuallyEscaping(visit) { visit in
-            _ = try Self.replay(fd: fd, path: path, after: 0, mayTear: false, readOnly: true, wanted: wanted) { record in
+            _ = try Self.replay(
+                UnsafeRawBufferPointer(start: mapped, count: size),
+                fd: fd,
+                path: path,
+                after: 0,
+                mayTear: false,
+                readOnly: true,
+                tolerateTail: mayBeWritten,
+                wanted: wanted
+            ) { record in
                 if record.sequence > sequence {
                     try visit(record)
                 }
@@ -356,34 +376,58 @@ public final class WriteAheadLog: Sendable {
     /// Removes the segments whose records all have sequences up to `sequence` (a snapshot
     /// holds them), or moves them into `archive` (a customer's history keeps them,
     /// ``HistoryArchive``). The segment being written is never removed. Returns the paths
-    /// they had.
+    /// they had; `historyProblems` gets why a segment could not be kept (it is then
+    /// removed: history is optional, the log's bound is not).
+    ///
+    /// Each file is moved or removed before it leaves ``segmentPaths``: a reader that lists
+    /// ``segmentPaths`` and then the archive finds every segment in one or the other (or
+    /// fails to open one, and lists again).
     @discardableResult
-    public func removeSegments(coveredBy sequence: UInt64, archive: HistoryArchive? = nil) throws -> [String] {
+    public func removeSegments(coveredBy sequence: UInt64, archive: HistoryArchive? = nil, historyProblems: inout [String]) throws -> [String] {
         let doomed = self.state.withLock { state -> [Segment] in
-            var doomed: [Segment] = []
             // Segment i holds sequences [first_i, first_{i+1} - 1].
-            while state.segments.count > 1, state.segments[1].firstSequence - 1 <= sequence {
-                doomed.append(state.segments.removeFirst())
+            var count = 0
+            while count + 1 < state.segments.count, state.segments[count + 1].firstSequence - 1 <= sequence {
+                count += 1
             }
-            return doomed
+            return Array(state.segments.prefix(count))
         }
         var freed: UInt64 = 0
         for segment in doomed {
             freed += Self.fileSize(segment.path)
             if let archive {
-                try archive.keep(segment: segment.path)
+                do {
+                    try archive.keep(segment: segment.path)
+                } catch {
+                    historyProblems.append("\(error)")
+                    FileDescriptor.remove(segment.path)
+                }
             } else {
                 FileDescriptor.remove(segment.path)
             }
         }
-        self.state.withLock { $0.diskBytes -= min($0.diskBytes, freed) }
+        self.state.withLock { state in
+            state.segments.removeFirst(min(doomed.count, state.segments.count))
+            state.diskBytes -= min(state.diskBytes, freed)
+        }
         if !doomed.isEmpty {
             try FileDescriptor.syncDirectory(of: doomed[0].path)
             if let archive {
-                try FileDescriptor.syncDirectory(of: "\(archive.directory)/.")
+                do {
+                    try FileDescriptor.syncDirectory(of: "\(archive.directory)/.")
+                } catch {
+                    historyProblems.append("\(error)")
+                }
             }
         }
         return doomed.map(\.path)
+    }
+
+    /// ``removeSegments(coveredBy:archive:historyProblems:)`` without an archive.
+    @discardableResult
+    public func removeSegments(coveredBy sequence: UInt64) throws -> [String] {
+        var problems: [String] = []
+        return try self.removeSegments(coveredBy: sequence, archive: nil, historyProblems: &problems)
     }
 
     /// Stops the writer after the queued appends are durable.

@@ -15,6 +15,19 @@ struct HistoryTests {
         .grantEntitlement(GrantEntitlementRequest(userId: user, grant: Grant(grantId: id, entitlementId: entitlement, grantedDate: from, expirationDate: until)))
     }
 
+    /// A store whose first log segment, with `grants` grants of bob's, a compaction moved
+    /// into DIR/history.
+    static func storeWithKeptSegment(in scratch: borrowing ScratchDirectory, grants: Int) async throws -> (CustomerStore, HistoryArchive.Segment) {
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+        for index in 1...grants {
+            _ = try await store.write(Self.grant("bob", "g\(index)"))
+        }
+        _ = try await store.compact(hotList: [], now: now)
+        return (store, try #require(try HistoryArchive(dataDirectory: directory, retention: 7 * day).segments().first))
+    }
+
     /// The entitlements active in an entry.
     static func active(_ entry: HistoryEntry) -> [String] {
         entry.entitlements.filter(\.isActive).compactMap(\.id)
@@ -134,14 +147,8 @@ struct HistoryTests {
     @Test("a damaged kept segment makes a history fail, naming the file; the store goes on")
     func damagedArchive() async throws {
         let scratch = try ScratchDirectory()
-        let seed = try WriteWorld.snapshot(in: scratch)
-        let directory = scratch.file("data")
-        let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+        let (store, kept) = try await Self.storeWithKeptSegment(in: scratch, grants: 2)
         defer { store.close() }
-        _ = try await store.write(Self.grant("bob", "g1"))
-        _ = try await store.write(Self.grant("bob", "g2"))
-        _ = try await store.compact(hotList: [], now: now)
-        let kept = try #require(try HistoryArchive(dataDirectory: directory, retention: 7 * day).segments().first)
         // Flip a byte inside the first batch's records: its checksum no longer matches.
         let file = try FileHandle(forUpdating: URL(fileURLWithPath: kept.path))
         try file.seek(toOffset: 40)
@@ -156,6 +163,57 @@ struct HistoryTests {
         }
         _ = try await store.write(Self.grant("bob", "g3"))
         #expect(try store.customer(for: "bob")?.grants.count == 3)
+    }
+
+    @Test("a kept segment cut short is damage, not a segment being written: the history fails")
+    func cutShortArchive() async throws {
+        let scratch = try ScratchDirectory()
+        let (store, kept) = try await Self.storeWithKeptSegment(in: scratch, grants: 1)
+        defer { store.close() }
+        let file = try FileHandle(forWritingTo: URL(fileURLWithPath: kept.path))
+        try file.seekToEnd()
+        try file.write(contentsOf: Data([9, 0, 0, 0, 1, 2]))  // half a batch header
+        try file.close()
+        #expect {
+            try Self.history(store, "bob")
+        } throws: { error in
+            (error as? SnapshotError)?.code == .corrupt && "\(error)".contains(kept.path)
+        }
+    }
+
+    @Test("time alone: a grace period's start and end are entries; past 64 changes between writes the rest is folded into one")
+    func timeEntries() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let (store, _) = try CustomerStore.open(dataDirectory: scratch.file("data"), seed: seed)
+        defer { store.close() }
+        let purchase = Transaction(
+            originalTransactionId: "o1", transactionId: "t1", store: .appstore, productId: "monthly",
+            transactionDate: now - day, expirationDate: now + day, environment: .production, type: .subscriptionStarted
+        )
+        _ = try await store.write(.recordTransaction(RecordTransactionRequest(userId: "bob", transaction: purchase)))
+        let state = SubscriptionState(
+            store: .appstore, originalTransactionId: "o1", autoRenewEnabled: true, billingIssueDetectedDate: now,
+            gracePeriodExpirationDate: now + 3 * day, isInBillingRetry: true, eventDate: now
+        )
+        _ = try await store.write(.updateSubscriptionState(UpdateSubscriptionStateRequest(userId: "bob", state: state)))
+        let grace = try Self.history(store, "bob", at: now + 5 * day).entries.filter { $0.cause == .time }
+        #expect(grace.map(\.date) == [now + day, now + 3 * day])
+        #expect(grace.first?.summary?.contains("premium in grace period") == true && grace.first?.entitlements.first?.isInGracePeriod == true)
+        #expect(grace.last?.changes.first?.after?.isActive == false)
+
+        // 70 one-hour grants, two hours apart: 140 changes by time after the writes.
+        for index in 0..<70 {
+            let start = now + Int64(index) * 2 * 3_600_000
+            _ = try await store.write(Self.grant("erin", "h\(index)", "pro", until: start + 3_600_000, from: start), at: now)
+        }
+        let end = now + 300 * 3_600_000
+        let erin = try Self.history(store, "erin", at: end).entries
+        let times = erin.filter { $0.cause == .time }
+        #expect(times.count == 65)
+        #expect(times.last?.summary?.hasPrefix("more changes by time until") == true)
+        let resolved = EntitlementResolver(catalog: store.catalog).resolve(try store.customer(for: "erin"), at: end)
+        #expect(times.last?.entitlements == resolved.entitlements)
     }
 
     @Test("replicated writes (fleet mode) are read from the record they carry, with their source")

@@ -170,6 +170,17 @@ def main():
         check(status == 200 and causes == ["write"] * 5, "CustomerHistory over the JSON door: five writes (%s %s)" % (status, causes))
         status, _ = post(admin, "/console/api/Compact", {}, {"Authorization": "Bearer " + WRITE_TOKEN})
         check(status == 404, "the console calls only its own methods (Compact is 404: %s)" % status)
+        # Another site's page cannot make a browser call the console: a form post (text/plain,
+        # no preflight) is refused, and so is a call a browser says comes from elsewhere.
+        grant = {"userId": "alice", "grant": {"grantId": "csrf", "entitlementId": "premium"}}
+        status, _ = post(admin, "/console/api/GrantEntitlement", json.dumps(grant).encode(), {"Content-Type": "text/plain", "Authorization": "Bearer " + WRITE_TOKEN})
+        check(status == 400, "a cross-site form post (text/plain) is refused (%s)" % status)
+        status, _ = post(admin, "/console/api/GrantEntitlement", grant, {"Origin": "http://evil.example", "Authorization": "Bearer " + WRITE_TOKEN})
+        check(status == 403, "a call from another origin is refused (%s)" % status)
+        status, _ = post(admin, "/console/api/GrantEntitlement", grant, {"Sec-Fetch-Site": "cross-site", "Authorization": "Bearer " + WRITE_TOKEN})
+        check(status == 403, "a call the browser says is cross-site is refused (%s)" % status)
+        status, answer = post(door, "/entitlements.v1.EntitlementService/CustomerHistory", {"userId": "alice"}, {"Authorization": "Bearer " + CHECK_TOKEN})
+        check(status == 200 and not any("csrf" in e["summary"] for e in answer["entries"]), "none of them wrote anything")
     finally:
         if driver is not None:
             driver.quit()

@@ -1012,7 +1012,7 @@ extension CandidateExplanation: ProtobufCBacked {
 /// the store's id for the event. Never a token.
 public struct WriteSource: Sendable, Hashable {
     /// The RPC ("GrantEntitlement", "SubmitPurchase") or the store path that wrote it
-    /// ("stripe", "app_store", "google_play", "app_store_recheck").
+    /// ("stripe", "appstore", "googleplay", "appstore_recheck").
     public var method: String? = nil
     /// The caller: the listener and the kind of credential ("tcp token", "grpc
     /// certificate CN=billing", "unix none", "webhooks").

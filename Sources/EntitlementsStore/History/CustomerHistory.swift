@@ -96,24 +96,52 @@ public struct CustomerHistoryBuilder {
         self.advanceTime(to: now + 1)
     }
 
-    /// TIME entries for every change of the answer at an instant before `date`.
+    /// TIME entries for every change of the answer at an instant before `date`: of an
+    /// entitlement's isActive or renewState (its `changes`), or of whether it is in a grace
+    /// period (the console draws grace periods from these).
     private mutating func advanceTime(to date: Int64) {
         var steps = 0
-        while let until = self.answer.validUntil, until < date, until > self.lastDate || steps == 0, steps < Self.timeStepsBetweenWrites {
-            steps += 1
-            let next = self.resolver.resolve(self.record, at: until, environment: self.environment)
-            let changes = Self.changes(from: self.answer, to: next)
-            if !changes.isEmpty {
+        while let until = self.answer.validUntil, until < date {
+            guard steps < Self.timeStepsBetweenWrites else {
+                // Folded: one entry for the rest, with the answer just before `date`.
+                let next = self.resolver.resolve(self.record, at: date - 1, environment: self.environment)
                 self.entries.append(HistoryEntry(
                     date: until,
                     cause: .time,
-                    summary: changes.map { Self.describe($0) }.joined(separator: "; "),
+                    summary: "more changes by time until \(self.date(date)), folded into this entry (at most \(Self.timeStepsBetweenWrites) between two writes)",
+                    changes: Self.changes(from: self.answer, to: next),
+                    entitlements: next.entitlements
+                ))
+                self.answer = next
+                self.lastDate = date - 1
+                return
+            }
+            steps += 1
+            let next = self.resolver.resolve(self.record, at: until, environment: self.environment)
+            let changes = Self.changes(from: self.answer, to: next)
+            let grace = Self.graceChanges(from: self.answer, to: next)
+            if !changes.isEmpty || !grace.isEmpty {
+                self.entries.append(HistoryEntry(
+                    date: until,
+                    cause: .time,
+                    summary: (changes.map { Self.describe($0) } + grace).joined(separator: "; "),
                     changes: changes,
                     entitlements: next.entitlements
                 ))
             }
             self.answer = next
             self.lastDate = until
+        }
+    }
+
+    /// "premium in grace period until ..." / "premium grace period over", for each
+    /// entitlement whose isInGracePeriod differs.
+    private static func graceChanges(from old: Resolution, to new: Resolution) -> [String] {
+        let before = Dictionary(old.entitlements.map { ($0.id ?? "", $0.isInGracePeriod) }, uniquingKeysWith: { $1 })
+        return new.entitlements.compactMap { entitlement in
+            let id = entitlement.id ?? ""
+            guard before[id, default: false] != entitlement.isInGracePeriod else { return nil }
+            return entitlement.isInGracePeriod ? "\(id) in grace period" : "\(id) grace period over"
         }
     }
 

@@ -39,19 +39,23 @@ public struct HistoryArchive: Sendable {
         self.retention = retention
     }
 
-    /// Creates the directory if it is missing.
+    /// Creates the directory if it is missing (durably: the data directory is fsynced).
     func prepare() throws {
-        if mkdir(self.directory, 0o755) != 0, errno != EEXIST {
+        if mkdir(self.directory, 0o755) == 0 {
+            try FileDescriptor.syncDirectory(of: self.directory)
+        } else if errno != EEXIST {
             throw SnapshotError(code: .io, path: self.directory, reason: "cannot create the history directory: \(String(cString: strerror(errno)))")
         }
     }
 
     /// Called by a compaction before it replaces `snapshotPath` (which holds writes up to
-    /// `lastSequence`, written at `createdDate`): keeps it if the policy says so.
-    func offer(snapshotPath: String, lastSequence: UInt64, createdDate: Int64, now: Int64) throws {
+    /// `lastSequence`, written at `createdDate`): keeps it if the policy says so. Kept
+    /// snapshots are at least half a retention apart by their own dates, so at most three
+    /// are ever kept.
+    func offer(snapshotPath: String, lastSequence: UInt64, createdDate: Int64) throws {
         try self.prepare()
         let bases = try self.bases()
-        if let newest = bases.last, newest.lastSequence >= lastSequence || now - newest.createdDate < self.retention / 2 {
+        if let newest = bases.last, newest.lastSequence >= lastSequence || createdDate - newest.createdDate < self.retention / 2 {
             return
         }
         let digits = String(lastSequence)

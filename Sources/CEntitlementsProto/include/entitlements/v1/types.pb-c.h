@@ -528,7 +528,7 @@ struct  Entitlements__V1__WriteSource
   ProtobufCMessage base;
   /*
    * The RPC ("GrantEntitlement", "SubmitPurchase") or the store path that wrote it
-   * ("stripe", "app_store", "google_play", "app_store_recheck").
+   * ("stripe", "appstore", "googleplay", "appstore_recheck").
    */
   char *method;
   /*

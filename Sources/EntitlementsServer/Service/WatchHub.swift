@@ -261,17 +261,17 @@ public final class WatchStream: @unchecked Sendable {
         let due = self.known.filter { $0.value.validUntil.map { $0 <= now } ?? false }
         for (customerId, old) in due.sorted(by: { $0.key < $1.key }) {
             let record: CustomerRecord?
-            let sequence: UInt64
             do {
-                (record, sequence) = try self.store.customerAndSequence(for: customerId)
+                record = try self.store.customer(for: customerId)
             } catch {
                 self.finish(.internalError, "cannot read customer \(customerId): \(error)")
                 return
             }
             var (new, response) = self.resolve(record, at: now)
-            // A write not yet told to this watch may be in it too; its own event is then
-            // skipped as stale, and this one carries its change.
-            new.sequence = max(old.sequence, sequence)
+            // A write not yet told to this watch may be in it too: the answer keeps the
+            // sequence of the last write told, so that write's own event still comes (sent
+            // if it changed the aliases, or what this event showed).
+            new.sequence = old.sequence
             self.update(customerId: customerId, old: old, new: new, response: response, cause: .time, sequence: nil)
             if self.finished {
                 return

@@ -19,14 +19,15 @@ public struct CustomerHistoryBuilder {
 
     /// The customer's id and aliases now, as UTF-8: a log record that holds none of them
     /// does not touch the customer.
-    public var names: [[UInt8]] {
-        [Array(self.customerId.utf8)] + (self.record?.aliases ?? []).map { Array($0.utf8) }
-    }
+    /// Kept up to date as records apply: the scan asks for them once per log record.
+    public private(set) var names: [[UInt8]] = []
 
     /// The entries so far, oldest first.
     public private(set) var entries: [HistoryEntry] = []
     /// The customer's record after the last step (nil: it does not exist).
-    public private(set) var record: CustomerRecord?
+    public private(set) var record: CustomerRecord? {
+        didSet { self.names = Self.names(of: self.customerId, self.record) }
+    }
     private var answer: Resolution
     private var lastDate: Int64
 
@@ -50,13 +51,14 @@ public struct CustomerHistoryBuilder {
         self.environment = environment
         self.date = date
         self.record = record
+        self.names = Self.names(of: customerId, record)  // (didSet does not run in init)
         self.lastDate = startDate
         self.answer = self.resolver.resolve(record, at: startDate, environment: environment)
         if let record {
             self.entries.append(HistoryEntry(
                 date: startDate,
                 cause: .unspecified,
-                summary: "as kept at the start of the history: " + Self.describe(record, date: date),
+                summary: "as kept at the start of the history: " + Self.describe(record),
                 changes: Self.changes(from: Resolution(), to: self.answer),
                 entitlements: self.answer.entitlements
             ))
@@ -230,7 +232,11 @@ public struct CustomerHistoryBuilder {
         }
     }
 
-    static func describe(_ record: CustomerRecord, date: (Int64) -> String) -> String {
+    static func names(of customerId: String, _ record: CustomerRecord?) -> [[UInt8]] {
+        [Array(customerId.utf8)] + (record?.aliases ?? []).map { Array($0.utf8) }
+    }
+
+    static func describe(_ record: CustomerRecord) -> String {
         "\(record.transactions.count) transactions, \(record.subscriptions.count) renewal states, \(record.grants.count) grants, \(record.aliases.count) aliases"
     }
 

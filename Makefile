@@ -3,7 +3,7 @@
 #               and serve it on 127.0.0.1:7420 from a data directory (writes are kept)
 #   make test   install what is missing, check generated code, build, run every test
 #               (and the protobuf-c shim tests again under AddressSanitizer)
-# Other targets: deps, generate, check-generated, build, check-deploy, test-doors, test-ingestion, test-console, test-asan,
+# Other targets: deps, generate, check-generated, build, check-deploy, test-doors, test-ingestion, test-console, test-nearcache, test-asan,
 # bench-codec, bench-resolver, bench-store, bench-check (the microbenchmarks' malloc counts
 # against benchmarks/Thresholds), bench-thresholds (records them), fuzz (FUZZ_SECONDS
 # each; CI runs 60), clean.
@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-ingestion test-console test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
+.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-ingestion test-console test-nearcache test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -35,7 +35,7 @@ demo-data: deps
 	mkdir -p $(dir $(DEMO_SNAPSHOT))
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
-test: deps check-generated test-unit check-deploy test-doors test-ingestion test-console test-asan
+test: deps check-generated test-unit check-deploy test-doors test-ingestion test-console test-nearcache test-asan
 
 # Side by side with Redis (benchmarks/README.md); BENCH_FLAGS=--quick for a 2 s smoke run.
 bench: deps
@@ -96,9 +96,13 @@ check-generated: deps
 build: deps
 	$(SWIFT) build
 
+# The near-cache's correctness test under load runs on its own, after the others: it needs
+# the machine's cores for its writer and checkers, and other suites running beside it
+# would leave it too few writes to say anything.
 test-unit: deps
 	$(SWIFT) build --build-tests
-	SWIFTNIO_STRICT=1 $(SWIFT) test --skip-build
+	SWIFTNIO_STRICT=1 $(SWIFT) test --skip-build --skip NearCacheLoadTests
+	SWIFTNIO_STRICT=1 $(SWIFT) test --skip-build --filter NearCacheLoadTests
 
 # deploy/ against the code: manifests parse, flags are accepted, the unit verifies.
 check-deploy: deps
@@ -124,6 +128,13 @@ test-ingestion: deps
 test-console: deps
 	$(SWIFT) build --product entitlements
 	python3 Tests/console/test_console.py .build/debug/entitlements
+
+# The near-cache rules of docs/PROTOCOL.md ("Keeping answers") in another language: the
+# Python reference (Tests/nearcache/near_cache.py, grpcio) under the correctness test the
+# Swift client's near-cache also runs (Tests/EntitlementsServerTests/NearCacheTests.swift).
+test-nearcache: deps
+	$(SWIFT) build --product entitlements
+	python3 Tests/nearcache/test_nearcache.py .build/debug/entitlements
 
 # The shim's tests under AddressSanitizer (with LeakSanitizer): every unpacked message
 # and every arena chunk must be freed. A separate scratch path keeps the normal build.

@@ -120,16 +120,16 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        // The cache of encoded answers each resolver keeps (Window TinyLFU or LRU), its
-        // warm-up from a snapshot, and the peek at a check's key in protobuf bytes. No I/O
-        // but the warm-up's snapshot reads.
+        // The caches of answers: the encoded answers each resolver keeps and the decoded
+        // answers a client's near-cache keeps, one structure and one policy (Window TinyLFU
+        // or LRU). No I/O, no store: the server's warm-up from a snapshot and its peek at a
+        // check's key live in EntitlementsServer.
         .target(
             name: "EntitlementsCache",
             dependencies: [
                 "CEntitlementsShim",
                 "EntitlementsMessages",
                 "EntitlementsResolver",
-                "EntitlementsStore",
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
@@ -173,13 +173,16 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        // The Swift client library: async/await calls multiplexed over pooled connections.
+        // The Swift client library: async/await calls multiplexed over pooled connections, and
+        // the near-cache (answers kept until their validUntil, forgotten on a watch event).
         .target(
             name: "EntitlementsClient",
             dependencies: [
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                "EntitlementsCache",
                 "EntitlementsMessages",
                 "EntitlementsWire",
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -391,6 +394,7 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -154,6 +154,7 @@ let package = Package(
                 .product(name: "EntitlementsResolver", package: mainPackage),
                 .product(name: "EntitlementsStore", package: mainPackage),
                 .product(name: "EntitlementsCache", package: mainPackage),
+                .product(name: "EntitlementsServer", package: mainPackage),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
             path: "Sources/StoreProbe",

@@ -1,6 +1,84 @@
 import CEntitlementsShim
-public import EntitlementsStore
 
+/// What the cache has done since it was created.
+public struct CacheStatistics: Sendable, Hashable {
+    /// Lookups answered from the cache.
+    public var hits: UInt64 = 0
+    /// Lookups not answered (absent, expired, or asked for an instant before resolution).
+    public var misses: UInt64 = 0
+    /// Entries removed because their validUntil had passed.
+    public var expirations: UInt64 = 0
+    /// Entries removed to make room.
+    public var evictions: UInt64 = 0
+    /// Entries that left the window of a ``Policy/tinyLFU`` cache and were not admitted
+    /// to its main part: asked for no more often than the entry they would have evicted.
+    public var rejections: UInt64 = 0
+    /// Entries inserted or replaced.
+    public var insertions: UInt64 = 0
+    /// Entries whose memory ``AnswerCache/prefetch(hashes:)`` asked the CPU to load.
+    public var prefetched: UInt64 = 0
+    /// Bytes accounted to current entries (see ``AnswerCache/entryOverhead``).
+    public var bytes: Int = 0
+    /// Current entries.
+    public var entries: Int = 0
+
+    /// All zero.
+    public init() {}
+
+    /// The sum of two shards' statistics.
+    public static func + (a: Self, b: Self) -> Self {
+        var sum = a
+        sum.hits += b.hits
+        sum.misses += b.misses
+        sum.expirations += b.expirations
+        sum.evictions += b.evictions
+        sum.rejections += b.rejections
+        sum.insertions += b.insertions
+        sum.prefetched += b.prefetched
+        sum.bytes += b.bytes
+        sum.entries += b.entries
+        return sum
+    }
+}
+
+/// Which entries a full cache keeps.
+public enum CachePolicy: String, Sendable, CaseIterable {
+    /// Least recently used: every new answer is stored, and the entry used longest ago
+    /// makes room for it.
+    case lru
+    /// Window TinyLFU (Einziger, Friedman and Manes, ACM Transactions on Storage, 2017):
+    /// a new answer enters a small least-recently-used window (1% of the budget, at least
+    /// 4 KiB). When it leaves the window of a full cache it stays only if it was asked
+    /// for more often
+    /// (``FrequencySketch``) than the main part's least valuable entry, which then makes
+    /// room; else it is dropped. The main part is segmented: an entry asked for again
+    /// moves from probation to the protected segment (80% of the main part), whose
+    /// least recent entries go back to probation.
+    case tinyLFU = "tinylfu"
+}
+
+/// What an entry of an ``EntryCache`` holds: a value exact for instants in
+/// [`resolvedAt`, `validUntil`), and what it costs.
+public protocol CacheEntry: Sendable {
+    /// The instant the value was resolved at; it is exact from there.
+    var resolvedAt: Int64 { get }
+    /// The instant from which it may be wrong; nil if never.
+    var validUntil: Int64? { get }
+    /// Its bytes, charged against the budget with its key's and the entry's overhead.
+    var byteCount: Int { get }
+    /// A value that holds no storage: what a removed entry's slot keeps.
+    static var vacant: Self { get }
+    /// Where in the value the reference to its byte storage is, for
+    /// ``EntryCache/prefetch(hashes:)``; nil when it has none worth loading ahead.
+    static var storageOffset: Int? { get }
+}
+
+
+/// The cache behind ``AnswerCache`` (the server's answers, encoded) and ``ResponseCache``
+/// (a client's near-cache, decoded answers): one structure and one policy for any
+/// ``CacheEntry``. Internal and generic, so that each public wrapper gets it specialized
+/// for its own entry type within this module.
+///
 /// A cache of answers, bounded by bytes. O(1) lookup, insertion and eviction: an
 /// open-addressing index from key to slot (``SlotIndex``), and doubly linked recency lists
 /// threaded through an array of slots by index (no per-entry objects, no reference
@@ -12,72 +90,18 @@ public import EntitlementsStore
 /// customers asked for once cannot flush the popular ones out.
 ///
 /// A value type with no locks: each resolver actor owns one shard (see
-/// ``shardIndex(for:shardCount:)``), so a shard is only ever touched by its owner.
+/// `AnswerCache.shardIndex(for:shardCount:)` in EntitlementsServer), so a shard is only ever touched by its owner.
 ///
 /// An entry is served only while it is exact: for instants in [resolvedAt, validUntil).
 /// A lookup at or after validUntil removes the entry (an expiration) and misses.
-public struct AnswerCache: Sendable {
-    /// What the cache has done since it was created.
-    public struct Statistics: Sendable, Hashable {
-        /// Lookups answered from the cache.
-        public var hits: UInt64 = 0
-        /// Lookups not answered (absent, expired, or asked for an instant before resolution).
-        public var misses: UInt64 = 0
-        /// Entries removed because their validUntil had passed.
-        public var expirations: UInt64 = 0
-        /// Entries removed to make room.
-        public var evictions: UInt64 = 0
-        /// Entries that left the window of a ``Policy/tinyLFU`` cache and were not admitted
-        /// to its main part: asked for no more often than the entry they would have evicted.
-        public var rejections: UInt64 = 0
-        /// Entries inserted or replaced.
-        public var insertions: UInt64 = 0
-        /// Entries whose memory ``AnswerCache/prefetch(hashes:)`` asked the CPU to load.
-        public var prefetched: UInt64 = 0
-        /// Bytes accounted to current entries (see ``AnswerCache/entryOverhead``).
-        public var bytes: Int = 0
-        /// Current entries.
-        public var entries: Int = 0
-
-        /// All zero.
-        public init() {}
-
-        /// The sum of two shards' statistics.
-        public static func + (a: Self, b: Self) -> Self {
-            var sum = a
-            sum.hits += b.hits
-            sum.misses += b.misses
-            sum.expirations += b.expirations
-            sum.evictions += b.evictions
-            sum.rejections += b.rejections
-            sum.insertions += b.insertions
-            sum.prefetched += b.prefetched
-            sum.bytes += b.bytes
-            sum.entries += b.entries
-            return sum
-        }
-    }
+struct EntryCache<Entry: CacheEntry>: Sendable {
+    typealias Statistics = CacheStatistics
+    typealias Policy = CachePolicy
 
     /// Bytes charged per entry on top of its strings and encoded answer: the index slot,
     /// the list node, and the heap headers of the key's and the answer's storage.
     /// Measured, not guessed: see docs/snapshot-format.md, "Cache memory".
-    public static let entryOverhead = 192
-
-    /// Which entries a full cache keeps.
-    public enum Policy: String, Sendable, CaseIterable {
-        /// Least recently used: every new answer is stored, and the entry used longest ago
-        /// makes room for it.
-        case lru
-        /// Window TinyLFU (Einziger, Friedman and Manes, ACM Transactions on Storage, 2017):
-        /// a new answer enters a small least-recently-used window (1% of the budget, at least
-        /// 4 KiB). When it leaves the window of a full cache it stays only if it was asked
-        /// for more often
-        /// (``FrequencySketch``) than the main part's least valuable entry, which then makes
-        /// room; else it is dropped. The main part is segmented: an entry asked for again
-        /// moves from probation to the protected segment (80% of the main part), whose
-        /// least recent entries go back to probation.
-        case tinyLFU = "tinylfu"
-    }
+    static var entryOverhead: Int { 192 }
 
     /// The recency list an entry is on.
     private enum Segment: UInt8 {
@@ -101,7 +125,7 @@ public struct AnswerCache: Sendable {
 
     private struct Node {
         var key: CacheKey
-        var answer: CachedAnswer
+        var answer: Entry
         var cost: Int
         var lastUsed: Int64
         var previous: Int32
@@ -117,16 +141,16 @@ public struct AnswerCache: Sendable {
     }
 
     /// Where in an entry the reference to its answer's byte storage is.
-    private static let answerStorageOffset = MemoryLayout<Node>.offset(of: \Node.answer)! + MemoryLayout<CachedAnswer>.offset(of: \CachedAnswer.encodedEntitlements)!
+    private static var answerStorageOffset: Int? { Entry.storageOffset.map { MemoryLayout<Node>.offset(of: \Node.answer)! + $0 } }
 
     /// Where in an entry its recency links are.
-    private static let linksOffset = MemoryLayout<Node>.offset(of: \Node.previous)!
+    private static var linksOffset: Int { MemoryLayout<Node>.offset(of: \Node.previous)! }
 
     /// The most bytes the entries may account for.
-    public let budgetBytes: Int
+    let budgetBytes: Int
     /// What the cache keeps when full.
-    public let policy: Policy
-    public private(set) var statistics = Statistics()
+    let policy: Policy
+    private(set) var statistics = Statistics()
 
     /// The most bytes the window may hold before its least recent entries leave it: the
     /// whole budget with ``Policy/lru`` (nothing else), 1% with ``Policy/tinyLFU`` (at least
@@ -155,7 +179,7 @@ public struct AnswerCache: Sendable {
     /// `policy` says when full. A ``Policy/tinyLFU`` cache also has a ``FrequencySketch``,
     /// outside the budget, from the time its entries first account for half the budget:
     /// 8 to 16 bytes per entry the full cache would hold (a power of two of 8-byte words).
-    public init(budgetBytes: Int, policy: Policy = .tinyLFU) {
+    init(budgetBytes: Int, policy: Policy = .tinyLFU) {
         precondition(budgetBytes >= 0)
         self.budgetBytes = budgetBytes
         self.policy = policy
@@ -173,37 +197,28 @@ public struct AnswerCache: Sendable {
 
     /// Bytes the frequency sketch takes (0 with ``Policy/lru``, and until the cache is half
     /// full), on top of the budget.
-    public var sketchBytes: Int {
+    var sketchBytes: Int {
         self.sketch?.tableBytes ?? 0
-    }
-
-    /// The shard that owns `customerId` among `shardCount` shards: stable across runs, so
-    /// that a customer always goes to the same resolver actor.
-    @inlinable
-    public static func shardIndex(for customerId: String, shardCount: Int) -> Int {
-        precondition(shardCount > 0)
-        // One shard owns everything: no need to hash (`serve --resolvers 1`, every check).
-        return shardCount == 1 ? 0 : Int(KeyHash.hash(customerId) % UInt64(shardCount))
     }
 
     /// The hash a lookup of `key` files it under: for a caller that looks a key up more
     /// than once (``prefetch(hashes:)`` then ``answer(for:hash:at:)``) and hashes it once.
-    public static func hash(of key: CacheKey) -> UInt32 {
+    static func hash(of key: CacheKey) -> UInt32 {
         SlotIndex.hash(key)
     }
 
     /// What an entry for `key` and `answer` costs against the budget.
-    public static func cost(of key: CacheKey, _ answer: CachedAnswer) -> Int {
-        key.byteCount + answer.encodedEntitlements.count + Self.entryOverhead
+    static func cost(of key: CacheKey, _ answer: Entry) -> Int {
+        key.byteCount + answer.byteCount + Self.entryOverhead
     }
 
     /// The answer for `key` if it is exact at `instant`; marks it most recently used.
-    public mutating func answer(for key: CacheKey, at instant: Int64) -> CachedAnswer? {
+    mutating func answer(for key: CacheKey, at instant: Int64) -> Entry? {
         self.answer(for: key, hash: SlotIndex.hash(key), at: instant)
     }
 
     /// ``answer(for:at:)`` for a key already hashed: `hash` must be ``hash(of:)`` of `key`.
-    public mutating func answer(for key: CacheKey, hash: UInt32, at instant: Int64) -> CachedAnswer? {
+    mutating func answer(for key: CacheKey, hash: UInt32, at instant: Int64) -> Entry? {
         // Hits and misses alike: a miss's answer is usually inserted next, and competes with
         // what it would evict by how often it was asked for.
         self.sketch?.record(hash)
@@ -236,7 +251,7 @@ public struct AnswerCache: Sendable {
     /// looking its keys up one by one, so that their memory misses overlap instead of
     /// coming one after another.
     /// Changes nothing; a lookup after it answers exactly as without it. Allocates nothing.
-    public mutating func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
+    mutating func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
         guard hashes.count > 1, !self.nodes.isEmpty else {
             return
         }
@@ -269,7 +284,9 @@ public struct AnswerCache: Sendable {
                     let node = nodes.baseAddress! + Int(slot)
                     Self.prefetchNeighbours(of: node, in: nodes)
                     let entry = UnsafeRawPointer(node)
-                    guard let storage = UnsafeRawPointer(bitPattern: entry.load(fromByteOffset: Self.answerStorageOffset, as: UInt.self)) else {
+                    guard let offset = Self.answerStorageOffset,
+                        let storage = UnsafeRawPointer(bitPattern: entry.load(fromByteOffset: offset, as: UInt.self))
+                    else {
                         continue
                     }
                     let end = Self.arrayHeaderBytes + min(Int(nodes[Int(slot)].answerBytes), 4_096)
@@ -298,7 +315,7 @@ public struct AnswerCache: Sendable {
 
     /// A Swift array's storage object: a 16-byte object header, the count, the capacity,
     /// then the elements.
-    private static let arrayHeaderBytes = 32
+    private static var arrayHeaderBytes: Int { 32 }
 
     /// Stores `answer` for `key` (replacing any entry) as the most recently used, making
     /// room as the ``policy`` says: with ``Policy/lru`` the least recently used entries are
@@ -307,7 +324,7 @@ public struct AnswerCache: Sendable {
     /// stored answer may leave again at once). Returns false, storing nothing, if the entry
     /// alone exceeds the budget.
     @discardableResult
-    public mutating func insert(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
+    mutating func insert(_ answer: Entry, for key: CacheKey, at instant: Int64) -> Bool {
         self.insert(answer, for: key, at: instant, evicting: true, asLeastRecent: false)
     }
 
@@ -316,18 +333,18 @@ public struct AnswerCache: Sendable {
     /// hottest first this way, so that the cache's recency order is the hot list's.
     /// Returns whether it was stored.
     @discardableResult
-    public mutating func insertIfRoom(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
+    mutating func insertIfRoom(_ answer: Entry, for key: CacheKey, at instant: Int64) -> Bool {
         self.insert(answer, for: key, at: instant, evicting: false, asLeastRecent: true)
     }
 
     /// Whether an entry of `cost` bytes fits without evicting anything.
-    public func hasRoom(for cost: Int) -> Bool {
+    func hasRoom(for cost: Int) -> Bool {
         self.statistics.bytes + cost <= self.budgetBytes
     }
 
     /// Removes every entry of `customerId` (all request shapes), e.g. after a write:
     /// O(the customer's entries).
-    public mutating func removeAll(customerId: String) {
+    mutating func removeAll(customerId: String) {
         while let slot = self.firstOfCustomer[customerId] {
             self.remove(slot: slot)
         }
@@ -336,7 +353,7 @@ public struct AnswerCache: Sendable {
     /// The cached customer ids, each once, with the instant of its last use (the latest of
     /// its entries'): what a new snapshot's hot list is made of, most recent first
     /// (``CacheWarmer/hotList(of:limit:)``). In ``keysByRecency``'s order.
-    public func recency() -> [(customerId: String, lastUsed: Int64)] {
+    func recency() -> [(customerId: String, lastUsed: Int64)] {
         var position: [String: Int] = [:]
         var result: [(customerId: String, lastUsed: Int64)] = []
         self.forEachByRecency { node in
@@ -350,9 +367,15 @@ public struct AnswerCache: Sendable {
         return result
     }
 
+    /// Calls `body` with each entry's key and value (most recently used first), touching
+    /// no recency.
+    func forEachEntry(_ body: (CacheKey, Entry) -> Void) {
+        self.forEachByRecency { body($0.key, $0.answer) }
+    }
+
     /// Keys from most to least recently used; with ``Policy/tinyLFU`` list by list: the
     /// protected segment (asked for again), then probation, then the window (new).
-    public var keysByRecency: [CacheKey] {
+    var keysByRecency: [CacheKey] {
         var keys: [CacheKey] = []
         self.forEachByRecency { keys.append($0.key) }
         return keys
@@ -375,7 +398,7 @@ public struct AnswerCache: Sendable {
         self.slots.first(hash: hash) { self.nodes[Int($0)].key == key }
     }
 
-    private mutating func insert(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64, evicting: Bool, asLeastRecent: Bool) -> Bool {
+    private mutating func insert(_ answer: Entry, for key: CacheKey, at instant: Int64, evicting: Bool, asLeastRecent: Bool) -> Bool {
         let cost = Self.cost(of: key, answer)
         guard cost <= self.budgetBytes else {
             return false
@@ -396,7 +419,7 @@ public struct AnswerCache: Sendable {
         }
         let node = Node(
             key: key, answer: answer, cost: cost, lastUsed: instant, previous: -1, next: -1,
-            hash: hash, answerBytes: Int32(clamping: answer.encodedEntitlements.count)
+            hash: hash, answerBytes: Int32(clamping: answer.byteCount)
         )
         let slot: Int32
         if let reused = self.freeSlots.popLast() {
@@ -526,7 +549,7 @@ public struct AnswerCache: Sendable {
         self.statistics.entries -= 1
         // Drop the key's and answer's storage now, not when the slot is reused.
         self.nodes[Int(slot)].key = CacheKey(customerId: "")
-        self.nodes[Int(slot)].answer = CachedAnswer.empty(resolvedAt: 0)
+        self.nodes[Int(slot)].answer = Entry.vacant
         self.freeSlots.append(slot)
     }
 
@@ -603,7 +626,97 @@ public struct AnswerCache: Sendable {
     }
 }
 
-extension CachedAnswer {
+/// A cache of the server's answers in their wire form (``CachedAnswer``): see
+/// ``EntryCache``, which it is, for ``CachedAnswer`` entries.
+public struct AnswerCache: Sendable {
+    public typealias Statistics = CacheStatistics
+    public typealias Policy = CachePolicy
+
+    /// Bytes charged per entry on top of its strings and encoded answer: the index slot,
+    /// the list node, and the heap headers of the key's and the answer's storage.
+    /// Measured, not guessed: see docs/snapshot-format.md, "Cache memory".
+    public static let entryOverhead = EntryCache<CachedAnswer>.entryOverhead
+
+    private var core: EntryCache<CachedAnswer>
+
+    /// Creates an empty cache that holds at most `budgetBytes` of entries, keeping what
+    /// `policy` says when full (``EntryCache/init(budgetBytes:policy:)``).
+    public init(budgetBytes: Int, policy: Policy = .tinyLFU) {
+        self.core = EntryCache(budgetBytes: budgetBytes, policy: policy)
+    }
+
+    /// The most bytes the entries may account for.
+    public var budgetBytes: Int { self.core.budgetBytes }
+    /// What the cache keeps when full.
+    public var policy: Policy { self.core.policy }
+    public var statistics: Statistics { self.core.statistics }
+    /// Bytes the frequency sketch takes, on top of the budget.
+    public var sketchBytes: Int { self.core.sketchBytes }
+
+
+    /// The hash a lookup of `key` files it under (``EntryCache/hash(of:)``).
+    public static func hash(of key: CacheKey) -> UInt32 {
+        EntryCache<CachedAnswer>.hash(of: key)
+    }
+
+    /// What an entry for `key` and `answer` costs against the budget.
+    public static func cost(of key: CacheKey, _ answer: CachedAnswer) -> Int {
+        EntryCache<CachedAnswer>.cost(of: key, answer)
+    }
+
+    /// The answer for `key` if it is exact at `instant`; marks it most recently used.
+    public mutating func answer(for key: CacheKey, at instant: Int64) -> CachedAnswer? {
+        self.core.answer(for: key, at: instant)
+    }
+
+    /// ``answer(for:at:)`` for a key already hashed: `hash` must be ``hash(of:)`` of `key`.
+    public mutating func answer(for key: CacheKey, hash: UInt32, at instant: Int64) -> CachedAnswer? {
+        self.core.answer(for: key, hash: hash, at: instant)
+    }
+
+    /// Starts loading the memory the lookups of `hashes` will read (``EntryCache/prefetch(hashes:)``).
+    public mutating func prefetch(hashes: UnsafeBufferPointer<UInt32>) {
+        self.core.prefetch(hashes: hashes)
+    }
+
+    /// Stores `answer` for `key` as the policy says (``EntryCache/insert(_:for:at:)``).
+    @discardableResult
+    public mutating func insert(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
+        self.core.insert(answer, for: key, at: instant)
+    }
+
+    /// Stores `answer` only if it fits without evicting anything, as the least recently used.
+    @discardableResult
+    public mutating func insertIfRoom(_ answer: CachedAnswer, for key: CacheKey, at instant: Int64) -> Bool {
+        self.core.insertIfRoom(answer, for: key, at: instant)
+    }
+
+    /// Whether an entry of `cost` bytes fits without evicting anything.
+    public func hasRoom(for cost: Int) -> Bool {
+        self.core.hasRoom(for: cost)
+    }
+
+    /// Removes every entry of `customerId` (all request shapes).
+    public mutating func removeAll(customerId: String) {
+        self.core.removeAll(customerId: customerId)
+    }
+
+    /// The cached customer ids, each once, with the instant of its last use, most recent first.
+    public func recency() -> [(customerId: String, lastUsed: Int64)] {
+        self.core.recency()
+    }
+
+    /// Keys from most to least recently used.
+    public var keysByRecency: [CacheKey] {
+        self.core.keysByRecency
+    }
+}
+
+extension CachedAnswer: CacheEntry {
+    public var byteCount: Int { self.encodedEntitlements.count }
+    public static var vacant: CachedAnswer { .empty(resolvedAt: 0) }
+    public static var storageOffset: Int? { MemoryLayout<CachedAnswer>.offset(of: \CachedAnswer.encodedEntitlements) }
+
     init(encodedEntitlements: [UInt8], resolvedAt: Int64, validUntil: Int64?, logSequence: UInt64 = 0) {
         self.encodedEntitlements = encodedEntitlements
         self.resolvedAt = resolvedAt

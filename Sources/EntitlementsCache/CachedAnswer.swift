@@ -37,7 +37,7 @@ public struct CacheKey: Hashable, Sendable {
 
     /// What ``hash(into:)`` feeds the hasher, from the id's bytes (``CachePeek`` hashes a
     /// request's key without making a String of its id).
-    static func combine(customerId: UnsafeRawBufferPointer, environment: Environment, filter: [String], into hasher: inout Hasher) {
+    package static func combine(customerId: UnsafeRawBufferPointer, environment: Environment, filter: [String], into hasher: inout Hasher) {
         hasher.combine(bytes: customerId)
         hasher.combine(environment.rawValue)
         hasher.combine(filter.count)

@@ -107,6 +107,10 @@ public final class EntitlementsClient: Sendable {
         public var serverHostname: String?
         /// Presented on every new connection (Authenticate, before any call); nil for none.
         public var token: EntitlementsClientToken?
+        /// Keep answers and serve checks from them without a round trip, exactly (until
+        /// each answer's validUntil, forgetting what a watch of every customer says
+        /// changed: docs/PROTOCOL.md, "Keeping answers"); nil (the default): off.
+        public var nearCache: NearCacheConfiguration?
 
         public init(
             server: EntitlementsServerAddress,
@@ -117,8 +121,10 @@ public final class EntitlementsClient: Sendable {
             maximumBackoff: TimeAmount = .seconds(5),
             tls: TLSConfiguration? = nil,
             serverHostname: String? = nil,
-            token: EntitlementsClientToken? = nil
+            token: EntitlementsClientToken? = nil,
+            nearCache: NearCacheConfiguration? = nil
         ) {
+            self.nearCache = nearCache
             self.tls = tls
             self.serverHostname = serverHostname
             self.token = token
@@ -135,12 +141,14 @@ public final class EntitlementsClient: Sendable {
     private let group: any EventLoopGroup
     private let slots: [Slot]
     private let nextSlot = Atomic<Int>(0)
+    private let nearCache: NearCache?
 
     /// Creates a client; nothing connects until the first call.
     public init(configuration: Configuration, eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
         self.configuration = configuration
         self.group = eventLoopGroup
         self.slots = (0..<configuration.connections).map { _ in Slot() }
+        self.nearCache = configuration.nearCache.map(NearCache.init(configuration:))
     }
 
     /// Creates a client for `server` with one connection.
@@ -148,9 +156,39 @@ public final class EntitlementsClient: Sendable {
         self.init(configuration: Configuration(server: server))
     }
 
-    /// CheckEntitlements: what may this user use?
+    /// CheckEntitlements: what may this user use? With the near-cache, a check of now is
+    /// answered from a kept answer when one holds (docs/PROTOCOL.md, "Keeping answers"),
+    /// else from the server, whose whole answer for the user is then kept.
     public func checkEntitlements(_ request: CheckEntitlementsRequest, timeout: Duration? = nil) async throws -> CheckEntitlementsResponse {
-        try await self.call(.checkEntitlements, request, timeout: timeout)
+        guard let nearCache = self.nearCache, NearCache.accepts(request) else {
+            return try await self.call(.checkEntitlements, request, timeout: timeout)
+        }
+        if let kept = nearCache.lookup(request, now: NearCache.now()) {
+            return kept
+        }
+        var whole = request
+        whole.entitlementIds = []
+        let ticket = nearCache.ticket()
+        do {
+            let (answer, bytes): (CheckEntitlementsResponse, Int) = try await self.callMeasured(.checkEntitlements, whole, timeout: timeout)
+            var response = answer
+            nearCache.keep(answer, userId: request.userId ?? "", encodedBytes: bytes, now: NearCache.now(), ticket: ticket, client: self)
+            NearCache.filter(&response, request.entitlementIds)
+            return response
+        } catch let error as EntitlementsClientError where error.code == .unavailable || error.code == .deadlineExceeded {
+            if error.code == .unavailable {
+                nearCache.serverUnreachable()
+            }
+            if let stale = nearCache.stale(request, now: NearCache.now()) {
+                return stale
+            }
+            throw error
+        }
+    }
+
+    /// What the near-cache has done (nil without one).
+    public var nearCacheStatistics: NearCacheStatistics? {
+        self.nearCache?.statistics
     }
 
     /// BatchCheckEntitlements: one answer per user id, in order.
@@ -170,8 +208,10 @@ public final class EntitlementsClient: Sendable {
         try await self.call(.health, HealthRequest(), timeout: timeout)
     }
 
-    /// Closes every connection. Calls in flight fail with UNAVAILABLE.
+    /// Closes every connection (and the near-cache's watch). Calls in flight fail with
+    /// UNAVAILABLE.
     public func close() async {
+        await self.nearCache?.close()
         for slot in self.slots {
             if let channel = slot.takeChannel() {
                 try? await channel.close()
@@ -185,6 +225,15 @@ public final class EntitlementsClient: Sendable {
         _ request: Request,
         timeout: Duration? = nil
     ) async throws -> Response {
+        try await self.callMeasured(method, request, timeout: timeout).0
+    }
+
+    /// ``call(_:_:timeout:)``, with the answer's size on the wire.
+    private func callMeasured<Request: ProtobufMessage, Response: ProtobufMessage>(
+        _ method: MethodID,
+        _ request: Request,
+        timeout: Duration?
+    ) async throws -> (Response, Int) {
         let payload: ByteBuffer
         do {
             var buffer = ByteBuffer()
@@ -212,7 +261,7 @@ public final class EntitlementsClient: Sendable {
                     throw EntitlementsClientError(code: frame.status, message: frame.message)
                 }
                 do {
-                    return try Response(buffer: frame.payload, toleratingUnknownEnumValues: true)
+                    return (try Response(buffer: frame.payload, toleratingUnknownEnumValues: true), frame.payload.readableBytes)
                 } catch {
                     throw EntitlementsClientError(code: .internalError, message: "the server's answer does not decode: \(error)")
                 }

@@ -217,49 +217,4 @@ struct AnswerCacheTests {
         }
     }
 
-    @Test("shards: every customer has one stable shard in range")
-    func shards() {
-        for count in [1, 2, 7, 16] {
-            for index in 0..<200 {
-                let shard = AnswerCache.shardIndex(for: "user-\(index)", shardCount: count)
-                #expect((0..<count).contains(shard))
-                #expect(shard == AnswerCache.shardIndex(for: "user-\(index)", shardCount: count))
-            }
-        }
-        // The hash is fixed by the file format: the same on every machine and run.
-        #expect(KeyHash.hash("user-1") == 0x41A2_FCA5_C684_01C5)
-    }
-}
-
-@Suite("cached answers")
-struct CachedAnswerTests {
-    @Test("a response assembled from a cached answer is byte-for-byte the encoded message")
-    func assembledResponse() throws {
-        let resolver = EntitlementResolver(catalog: SyntheticData.catalog)
-        let data = SyntheticData(seed: 5, now: now)
-        for index in 0..<300 {
-            let record = data.customer(index)
-            let resolution = resolver.resolve(record, at: now)
-            let cached = try CachedAnswer(resolution, resolvedAt: now)
-            var assembled = ByteBuffer()
-            cached.writeResponse(userId: "$anon:x", customerId: record.id!, requestDate: now + 5, into: &assembled)
-            let whole = try CheckEntitlementsResponse(
-                userId: "$anon:x",
-                customerId: record.id,
-                requestDate: now + 5,
-                validUntil: resolution.validUntil,
-                entitlements: resolution.entitlements
-            ).serializedBytes()
-            #expect(Array(assembled.readableBytesView) == whole)
-        }
-    }
-
-    @Test("negative dates encode as protobuf-c encodes them")
-    func negativeDates() throws {
-        let cached = CachedAnswer(encodedEntitlements: [], resolvedAt: -5, validUntil: -1)
-        var assembled = ByteBuffer()
-        cached.writeResponse(userId: "u", customerId: "c", requestDate: -5, into: &assembled)
-        let whole = try CheckEntitlementsResponse(userId: "u", customerId: "c", requestDate: -5, validUntil: -1).serializedBytes()
-        #expect(Array(assembled.readableBytesView) == whole)
-    }
 }

@@ -52,6 +52,47 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // The client's near-cache (docs/server.md, "The near-cache"): a hit is a lookup of the
+    // decoded answer and a copy with the instant asked for, by the same Window TinyLFU
+    // cache; beside it, the same copy from a plain dictionary of the same answers (the
+    // floor any cache of decoded answers has). Both must allocate nothing.
+    let answers = ids.map { id in
+        var response = try! CachedAnswer(resolver.resolve(try! reader.customer(for: id), at: now), resolvedAt: now)
+            .response(userId: id, customerId: id, requestDate: now)
+        response.logSequence = 1
+        return response
+    }
+    var warmNear = ResponseCache(budgetBytes: 256 << 20)
+    var dictionary: [CacheKey: CheckEntitlementsResponse] = [:]
+    for (key, answer) in zip(keys, answers) {
+        warmNear.insert(KeptResponse(answer, keptAt: now, encodedBytes: (try! answer.serializedBytes()).count), for: key, at: now)
+        dictionary[key] = answer
+    }
+    let near = warmNear
+
+    Benchmark("near-cache.hit") { benchmark in
+        var near = near
+        var index = 0
+        for _ in benchmark.scaledIterations {
+            index = (index + 1) & 4_095
+            if var response = near.response(for: keys[index], at: now)?.response {
+                response.requestDate = now
+                blackHole(response)
+            }
+        }
+    }
+
+    Benchmark("near-cache.dictionary-baseline") { benchmark in
+        var index = 0
+        for _ in benchmark.scaledIterations {
+            index = (index + 1) & 4_095
+            if var response = dictionary[keys[index]] {
+                response.requestDate = now
+                blackHole(response)
+            }
+        }
+    }
+
     Benchmark("miss.snapshot+resolve+encode+insert") { benchmark in
         // Small: most lookups miss and evict. LRU, so that every insert evicts: with the
         // default policy and no lookups to count, newcomers would be dropped on a tie instead.

@@ -6,6 +6,7 @@
 import EntitlementsMessages
 import EntitlementsResolver
 import EntitlementsCache
+import EntitlementsServer
 import EntitlementsStore
 import Foundation
 import NIOCore

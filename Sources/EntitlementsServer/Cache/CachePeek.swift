@@ -1,3 +1,4 @@
+import EntitlementsCache
 import EntitlementsMessages
 import EntitlementsStore
 

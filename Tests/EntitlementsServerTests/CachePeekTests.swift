@@ -4,7 +4,8 @@ import NIOCore
 import PropertyBased
 import Testing
 
-@testable import EntitlementsCache
+import EntitlementsCache
+@testable import EntitlementsServer
 
 @Suite("cache peek: a check request's cache key, read from its bytes")
 struct CachePeekTests {
@@ -22,7 +23,7 @@ struct CachePeekTests {
     func matchesTheKey(request: CheckEntitlementsRequest) throws {
         let peek = try #require(Self.peek(try request.serializedBytes()))
         let key = CacheKey(customerId: request.userId!, environment: request.environment)
-        #expect(peek.hash == SlotIndex.hash(key))
+        #expect(peek.hash == AnswerCache.hash(of: key))
         #expect(peek.shardHash == KeyHash.hash(request.userId!))
     }
 
@@ -78,7 +79,7 @@ struct CachePeekTests {
             }
             #expect(request.entitlementIds.isEmpty)
             let userId = try #require(request.userId)
-            #expect(peek.hash == SlotIndex.hash(CacheKey(customerId: userId, environment: request.environment)), "\(bytes)")
+            #expect(peek.hash == AnswerCache.hash(of: CacheKey(customerId: userId, environment: request.environment)), "\(bytes)")
             compared += 1
         }
         #expect(compared > 1_000)

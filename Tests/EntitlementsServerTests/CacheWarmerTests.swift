@@ -1,6 +1,7 @@
 import EntitlementsCache
 import EntitlementsMessages
 import EntitlementsResolver
+import EntitlementsServer
 import EntitlementsStore
 import EntitlementsTools
 import Foundation
@@ -65,10 +66,23 @@ struct CacheWarmerTests {
         var shards = (0..<2).map { _ in AnswerCache(budgetBytes: 1 << 20) }
         for (offset, id) in ["a", "b", "c", "d"].enumerated() {
             let shard = AnswerCache.shardIndex(for: id, shardCount: 2)
-            shards[shard].insert(answer(), for: CacheKey(customerId: id), at: now + Int64(offset))
+            shards[shard].insert(.empty(resolvedAt: now), for: CacheKey(customerId: id), at: now + Int64(offset))
         }
         let shardOfB = AnswerCache.shardIndex(for: "b", shardCount: 2)
         _ = shards[shardOfB].answer(for: CacheKey(customerId: "b"), at: now + 10)
         #expect(CacheWarmer.hotList(of: shards) == ["b", "d", "c", "a"])
+    }
+
+    @Test("shards: every customer has one stable shard in range")
+    func shards() {
+        for count in [1, 2, 7, 16] {
+            for index in 0..<200 {
+                let shard = AnswerCache.shardIndex(for: "user-\(index)", shardCount: count)
+                #expect((0..<count).contains(shard))
+                #expect(shard == AnswerCache.shardIndex(for: "user-\(index)", shardCount: count))
+            }
+        }
+        // The hash is fixed by the file format: the same on every machine and run.
+        #expect(KeyHash.hash("user-1") == 0x41A2_FCA5_C684_01C5)
     }
 }

@@ -1,3 +1,4 @@
+public import EntitlementsCache
 public import EntitlementsMessages
 public import EntitlementsResolver
 public import EntitlementsStore

@@ -96,6 +96,19 @@ let package = Package(
             path: "Sources/QuickLoad",
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // The Swift client's near-cache under Zipf load, the lag of its invalidations, and
+        // its stale answers with the server down (run.sh, step 9b).
+        .executableTarget(
+            name: "NearCacheLoad",
+            dependencies: [
+                .product(name: "EntitlementsClient", package: mainPackage),
+                .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Sources/NearCacheLoad",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // CheckEntitlements as a gRPC method, with the protobuf-c shim as its codec: shared
         // by the gRPC peer and the load generator.
         .target(

@@ -55,6 +55,7 @@ SERVER_CONFIG=$([ $QUICK = 1 ] && echo debug || echo release)
 swift build -c $SERVER_CONFIG --product entitlements
 swift build -c release --package-path benchmarks --product LoadGen
 swift build -c release --package-path benchmarks --product GRPCPeer
+swift build -c release --package-path benchmarks --product NearCacheLoad
 ENT=.build/$SERVER_CONFIG/entitlements
 LOAD=benchmarks/.build/release/LoadGen
 GRPC=benchmarks/.build/release/GRPCPeer
@@ -70,7 +71,7 @@ g++ -O2 -std=c++17 benchmarks/peers/grpc-cpp/peer.cc -o "$WORK/grpc-cpp-peer" $(
 # date, door-h2load.sh its door-h2load.txt beside them.
 mkdir -p "$OUT"
 find "$OUT" -maxdepth 1 -type f \( -name '*-run*.json' -o -name '*-run*.hgrm' -o -name '*-rss-kib.txt' \
-  -o -name '*-cache-run*.txt' -o -name summary.md -o -name latency.png -o -name redis-benchmark-get.csv \) -delete
+  -o -name '*-cache-run*.txt' -o -name 'nearcache-run*.json' -o -name summary.md -o -name latency.png -o -name redis-benchmark-get.csv \) -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
 # The answers the gRPC peers serve: the bytes Redis holds (LoadGen export-answers).
@@ -199,6 +200,14 @@ for ROUND in $(seq 1 $RUNS); do
   python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$ADMIN_PORT/metrics', timeout=10).read().decode())" 2>/dev/null \
     | grep -E '^entitlements_(cache_hits|cache_misses|cold_reads)_total ' > "$OUT/entitlements-p5-cache-run$ROUND.txt" || true
   stop
+
+  # 9b. The Swift client's near-cache on p5's keys: it starts (and kills, by pid) its own
+  # writable server on the large set, pinned like the others; share answered locally, the
+  # lag of invalidations under load, and stale answers with the server gone.
+  rm -rf "$WORK/nc-data"
+  $CLIENT_CPU benchmarks/.build/release/NearCacheLoad --entitlements $ENT --snapshot "$WORK/cold.snap" --data-dir "$WORK/nc-data" \
+    --port $PORT $( [ -n "$SERVER_CPU" ] && echo --server-cpu 0 ) --customers $COLD_CUSTOMERS --duration $DURATION --warmup $WARMUP \
+    --budget-mib $([ $QUICK = 1 ] && echo 2 || echo 32) --writes $([ $QUICK = 1 ] && echo 20 || echo 200) --json "$OUT/nearcache-run$ROUND.json"
 done
 
 # 10. Summary (medians over the rounds), ratios and the plot.

@@ -248,6 +248,38 @@ if ours_batch:
             lines.append(
                 f"| {system} | {run['throughput']:,.0f} | {run['throughput'] * size:,.0f} | {run['p50']:.0f} | {run['p99']:.0f} | {versus} | {cpu(run)} | {each} |"
             )
+# The Swift client's near-cache (NearCacheLoad, run.sh step 9b): the medians of the rounds.
+near = [json.load(open(path)) for path in sorted(glob.glob(os.path.join(folder, "nearcache-run*.json")))]
+if near:
+    def middle(key):
+        return statistics.median(run[key] for run in near)
+
+    def each(format_run):
+        return " / ".join(format_run(run) for run in near)
+
+    first = near[0]
+    p5 = ours.get("p5-cold")
+    versus = " (%s of p5 without it)" % ratio(middle("checksPerSecond"), p5["throughput"]) if p5 else ""
+    lines += [
+        "",
+        "Near-cache (the Swift client's, docs/server.md; median of %d round%s): %d tasks checking p5's keys (Zipf s = %s over %s customers) "
+        "through one client with a %d MiB near-cache, against a writable server on one core:"
+        % (len(near), "s" if len(near) != 1 else "", first["tasks"], first["zipfS"], f"{first['customers']:,}", first["budgetBytes"] >> 20),
+        "",
+        "| figure | value | runs |",
+        "|---|---:|---|",
+        "| a hit through `checkEntitlements`, one task, no load (ns) | %.0f (%s of a dictionary lookup and copy of the same answers: %.0f) | |"
+        % (middle("hitNs"), ratio(middle("hitNs"), middle("dictionaryNs")), middle("dictionaryNs")),
+        "| checks answered locally | %.1f%% | %s |" % (100 * middle("localShare"), each(lambda run: "%.1f%%" % (100 * run["localShare"]))),
+        "| checks/s%s | %s | %s |" % (versus, f"{middle('checksPerSecond'):,.0f}", each(lambda run: f"{run['checksPerSecond']:,.0f}")),
+        "| check latency p50, p99 (µs) | %.1f, %.0f | |" % (middle("latencyP50Ns") / 1000, middle("latencyP99Ns") / 1000),
+        "| write-to-invalidation lag p50, p99 (µs), no other load | %.0f, %.0f | %s |"
+        % (middle("quietLagP50Ns") / 1000, middle("quietLagP99Ns") / 1000, each(lambda run: "%.0f, %.0f" % (run["quietLagP50Ns"] / 1000, run["quietLagP99Ns"] / 1000))),
+        "| write-to-invalidation lag p50, p99 (µs), under that load | %.0f, %.0f | %s |"
+        % (middle("lagP50Ns") / 1000, middle("lagP99Ns") / 1000, each(lambda run: "%.0f, %.0f" % (run["lagP50Ns"] / 1000, run["lagP99Ns"] / 1000))),
+        "| server down, stale-if-error: a check's cost p50, p99 (ns) | %s, %s | %s |"
+        % (f"{middle('downCostP50Ns'):,.0f}", f"{middle('downCostP99Ns'):,.0f}", each(lambda run: "%.0f%% answered" % (100 * run["downAnsweredShare"]))),
+    ]
 for name, text in [("entitlements-rss-kib.txt", "read-only server, 100,000 customers, all cached"), ("entitlements-p5-rss-kib.txt", "cold profile (p5)")]:
     path = os.path.join(folder, name)
     if os.path.exists(path):

@@ -166,6 +166,14 @@ public final class EntitlementsClient: Sendable {
         if let kept = nearCache.lookup(request, now: NearCache.now()) {
             return kept
         }
+        // Stale-if-error without the wait: while every connection is between failed
+        // attempts, a call would only sleep until the next; a kept answer within the bound
+        // is answered now (a call after the backoff still tries the server).
+        if nearCache.configuration.staleIfErrorFor != nil, self.slots.allSatisfy(\.isBackingOff),
+            let stale = nearCache.stale(request, now: NearCache.now())
+        {
+            return stale
+        }
         var whole = request
         whole.entitlementIds = []
         let ticket = nearCache.ticket()
@@ -176,9 +184,9 @@ public final class EntitlementsClient: Sendable {
             NearCache.filter(&response, request.entitlementIds)
             return response
         } catch let error as EntitlementsClientError where error.code == .unavailable || error.code == .deadlineExceeded {
-            if error.code == .unavailable {
-                nearCache.serverUnreachable()
-            }
+            // Either: a connection that died without the kernel noticing (a partition) shows
+            // as a deadline, and the watch on it may be as dead.
+            nearCache.serverUnreachable()
             if let stale = nearCache.stale(request, now: NearCache.now()) {
                 return stale
             }
@@ -411,6 +419,14 @@ public final class EntitlementsClient: Sendable {
 
         var nextAttempt: NIODeadline {
             self.state.withLock { $0.nextAttempt }
+        }
+
+        /// Whether the slot has no connection, its last attempt failed, and the next may not
+        /// start yet: a call now would wait for the backoff.
+        var isBackingOff: Bool {
+            self.state.withLock { state in
+                state.failures > 0 && !(state.connection?.channel.isActive ?? false) && state.nextAttempt > .now()
+            }
         }
     }
 

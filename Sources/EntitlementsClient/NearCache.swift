@@ -145,9 +145,11 @@ final class NearCache: Sendable {
 
     /// Whether `request` may be answered from kept answers: a production check of now, not
     /// explained.
+    /// (An id the server would refuse goes to it, for its INVALID_ARGUMENT.)
     static func accepts(_ request: CheckEntitlementsRequest) -> Bool {
         request.at == nil && !request.explain && request.userId != nil
             && (request.environment == .production || request.environment == .unspecified)
+            && request.entitlementIds.allSatisfy { IdRule.problem($0) == nil }
     }
 
     private static func key(_ userId: String) -> CacheKey {
@@ -221,9 +223,12 @@ final class NearCache: Sendable {
     /// if it is provably current; starts a watch (and a new epoch, after a lost one) when
     /// none covers it.
     func keep(_ response: CheckEntitlementsResponse, userId: String, encodedBytes: Int, now: Int64, ticket: Ticket, client: EntitlementsClient) {
-        // A fleet server's answer past its --max-staleness: its watch does not say when it
-        // falls behind, so such an answer cannot be kept.
-        guard response.staleForMs == 0 else { return }
+        // A fleet server's answer past its --max-staleness: it is behind, and its watch does
+        // not say so, so nothing kept can be trusted either: the watch counts as lost.
+        guard response.staleForMs == 0 else {
+            self.serverUnreachable()
+            return
+        }
         let sequence = response.logSequence
         let clock = Self.monotonic()
         var previousWatch: Task<Void, Never>?
@@ -325,16 +330,18 @@ final class NearCache: Sendable {
         }
     }
 
-    /// Stops the watch and waits for its task to end.
+    /// Stops the watch and waits for its task to end (and for one registered meanwhile by a
+    /// keep() that raced the close).
     func close() async {
-        let task = self.state.withLock { state -> Task<Void, Never>? in
+        while let task = self.state.withLock({ state -> Task<Void, Never>? in
             state.closed = true
             state.live = false
             defer { state.watchTask = nil }
             return state.watchTask
+        }) {
+            task.cancel()
+            await task.value
         }
-        task?.cancel()
-        await task?.value
     }
 
     // MARK: The watch
@@ -358,11 +365,12 @@ final class NearCache: Sendable {
             }
         }
         let cancel = self.state.withLock { state -> Bool in
-            if state.closed || state.epoch != epoch {
+            if state.epoch != epoch {
                 return true
             }
+            // Registered even when closed: close() cancels and awaits what it finds.
             state.watchTask = task
-            return false
+            return state.closed
         }
         if cancel {
             task.cancel()

@@ -73,14 +73,16 @@ final class ServerServices: Sendable {
         self.report = report
     }
 
-    /// A write is durable and visible: every resolver drops what it changed, watchers are
-    /// told, then `done` lets the store acknowledge it. A write made here and one applied
-    /// from fleet mode's change log both come this way, so both can start a compaction.
+    /// A write is durable and visible: every resolver drops what it changed, then watchers
+    /// are told (so that a check sent by a client that saw the event cannot be answered
+    /// from what the write changed), then `done` lets the store acknowledge it. A write made
+    /// here and one applied from fleet mode's change log both come this way, so both can
+    /// start a compaction.
     func afterCommit(_ write: CustomerStore.CommittedWrite, done: @escaping @Sendable () -> Void) {
         let loop = self.pool.resolvers[0].eventLoop
         let invalidated = self.pool.invalidate(after: write, on: loop)
-        self.watches.publish(write)
         invalidated.whenComplete { _ in
+            self.watches.publish(write)
             self.metrics.writes.increment()
             done()
             self.compactIfNeeded()

@@ -222,6 +222,23 @@ struct WriteTests {
         try await fixture.stop()
     }
 
+    @Test("watch: a RESUMED event names the customer's aliases (one may have been linked after the watch's sequence)", .timeLimit(.minutes(1)))
+    func resumedNamesAliases() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let before: WriteResponse = try await client.call(.grantEntitlement, Self.grant("user-7", "r1"))
+        let _: WriteResponse = try await client.call(.linkAlias, LinkAliasRequest(userId: "user-7", alias: "resumed-alias"))
+        for request in [WatchEntitlementsRequest(allCustomers: true, afterLogSequence: Int64(before.logSequence)),
+                        WatchEntitlementsRequest(userIds: ["user-7"], afterLogSequence: Int64(before.logSequence))] {
+            var iterator = try await client.watch(request).makeAsyncIterator()
+            let resumed = try await iterator.next()
+            #expect(resumed?.cause == .resumed && resumed?.customerId == "user-7")
+            #expect(resumed?.aliasesChanged == ["resumed-alias"])
+        }
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("a watcher that does not read is ended with RESOURCE_EXHAUSTED; writers never wait for it")
     func slowWatcher() async throws {
         var configuration = ServerConfiguration(tcp: ("127.0.0.1", 0))

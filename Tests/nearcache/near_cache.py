@@ -41,6 +41,9 @@ class NearCache:
         self.live = False          # the watch is open: kept answers may be served
         self.lost = False          # rule 4: the watch ended; serve nothing, start afresh
         self.lowest_start = 0      # a watch from below this was refused (FAILED_PRECONDITION)
+        self.watch_started_at = 0.0
+        self.short_watches = 0     # watches in a row that ended within a second
+        self.next_watch_at = 0.0   # and when the next may start (monotonic)
         self.events = 0
         self.ring = collections.deque(maxlen=self.RING)  # (events count, name) per name an event carried
         self.call = None
@@ -73,7 +76,7 @@ class NearCache:
             whole = self.stub.CheckEntitlements(
                 svc.CheckEntitlementsRequest(user_id=user, environment=PRODUCTION, min_log_sequence=min_log_sequence), timeout=timeout)
         except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 with self.lock:                     # the watch cannot be trusted either
                     self._mark_lost(self.epoch)
             raise
@@ -91,13 +94,17 @@ class NearCache:
         return shaped
 
     def _keep(self, user, answer, ticket):
-        if answer.stale_for_ms:
-            return                                  # a fleet server behind: never kept
+        if answer.stale_for_ms:                     # a fleet server behind: nothing kept holds
+            with self.lock:
+                self._mark_lost(self.epoch)
+            return
         sequence = answer.log_sequence
         start = None
         with self.lock:
             if self.closed:
                 return
+            if self.lost and time.monotonic() < self.next_watch_at:
+                return                              # watches keep ending at once: wait a little
             if self.lost:                           # rule 4: a new start
                 self.invalidations += len(self.kept)
                 self.kept.clear()
@@ -111,6 +118,7 @@ class NearCache:
                 if sequence < self.lowest_start:
                     return
                 self.watch_from = sequence
+                self.watch_started_at = time.monotonic()
                 self.watches += 1
                 start = (self.epoch, sequence)
             epoch, started, events = ticket
@@ -160,8 +168,14 @@ class NearCache:
         except grpc.RpcError as error:
             refused = error.code() == grpc.StatusCode.FAILED_PRECONDITION
         with self.lock:
-            if refused and epoch == self.epoch:
-                self.lowest_start = max(self.lowest_start, sequence + 1)
+            if epoch == self.epoch:
+                if refused:
+                    self.lowest_start = max(self.lowest_start, sequence + 1)
+                if time.monotonic() - self.watch_started_at < 1:   # short-lived: back off
+                    self.short_watches = min(self.short_watches + 1, 7)
+                    self.next_watch_at = time.monotonic() + 0.05 * 2 ** (self.short_watches - 1)
+                else:
+                    self.short_watches = 0
             self._mark_lost(epoch)
 
     def _mark_lost(self, epoch):
@@ -190,6 +204,6 @@ class NearCache:
 
     def close(self):
         with self.lock:
-            self.closed = True
+            self.closed, self.live = True, False
             if self.call is not None:
                 self.call.cancel()

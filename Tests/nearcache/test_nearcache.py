@@ -44,12 +44,15 @@ def problem(obs, writes, lag=LAG_MS):
     """What is wrong with an observation, or None (as NearCacheLoadTests.problem)."""
     answer, sequence = obs["answer"], obs["answer"].log_sequence
     up_to = [w for w in writes if w["sequence"] <= sequence]
-    owner = obs["user"]
-    if owner == ALIAS:
-        owners = [w["user"] for w in up_to if w["kind"] == "move"]
-        owner = owners[-1] if owners else ""
+    # A customer's id names it; an alias names its last owner; an id never linked, no one.
+    owner = obs["user"] if re.match(r"^py-load-\d+$", obs["user"]) else ""
+    for w in up_to:
+        if w["kind"] == "move" and w["alias"] == obs["user"]:
+            owner = w["user"]
     if (answer.customer_id if answer.HasField("customer_id") else "") != owner:
-        return "customer %r, the alias's owner at %d is %s" % (answer.customer_id, sequence, owner)
+        return "customer %r, the owner of %s at %d is %r" % (answer.customer_id, obs["user"], sequence, owner)
+    if not owner:
+        return "an unknown user with entitlements at %d" % sequence if len(answer.entitlements) else None
     grants = {}
     for w in up_to:
         if w["user"] != owner:
@@ -71,7 +74,7 @@ def problem(obs, writes, lag=LAG_MS):
 
 
 def oldest_missed(obs, writes, owner):
-    names = {obs["user"], owner}
+    names = {obs["user"], owner or obs["user"]}
     for w in writes:
         if w["sequence"] > obs["answer"].log_sequence and names & w["names"]:
             return w
@@ -128,7 +131,7 @@ def main():
             response = stub.GrantEntitlement(svc.GrantEntitlementRequest(user_id=user, grant=base), timeout=5)
             wrote(user, "grant", response, grant="base", **{"from": base.granted_date, "until": None})
         response = stub.LinkAlias(svc.LinkAliasRequest(user_id=users[0], alias=ALIAS), timeout=5)
-        wrote(users[0], "move", response, names={users[0], ALIAS})
+        wrote(users[0], "move", response, names={users[0], ALIAS}, alias=ALIAS)
         deadline = time.time() + 5
         while cache.check(ALIAS).customer_id != users[0] and time.time() < deadline:
             time.sleep(0.005)
@@ -152,13 +155,23 @@ def main():
                                 break
                             except grpc.RpcError:
                                 time.sleep(0.01)
+                        # An id the near-cache keeps as unknown as its new watch starts, then
+                        # linked to a customer at once.
+                        alias = "py-fresh-%d" % counter
+                        try:
+                            cache.check(alias, timeout=2)
+                        except grpc.RpcError:
+                            pass
+                        user = random.choice(users)
+                        response = stub.LinkAlias(svc.LinkAliasRequest(user_id=user, alias=alias), timeout=5)
+                        wrote(user, "move", response, names={user, alias}, alias=alias)
                     counter += 1
                     user = random.choice(users)
                     sent = now_ms()
                     roll = random.randrange(10)
                     if roll == 0 and user != owner:
                         response = stub.LinkAlias(svc.LinkAliasRequest(user_id=user, alias=ALIAS, transfer=True), timeout=5)
-                        wrote(user, "move", response, names={user, owner, ALIAS})
+                        wrote(user, "move", response, names={user, owner, ALIAS}, alias=ALIAS)
                         owner = user
                     elif roll < 5 and live.get(user):
                         grant = random.choice(live[user])
@@ -182,7 +195,7 @@ def main():
         def checker():
             seen, failed = [], 0
             while not done.is_set():
-                user = random.choice(users + [ALIAS])
+                user = random.choice(users + [ALIAS, "py-fresh-50", "py-fresh-100"])
                 before = now_ms()
                 try:
                     seen.append({"user": user, "before": before, "answer": cache.check(user, timeout=2)})

@@ -612,7 +612,8 @@ public struct EntitlementsChangedEvent: Sendable, Hashable {
     /// WRITE: the aliases the write linked to this customer, moved away from it or removed
     /// with it. An alias change sends an event even when the answer is the same (`changes`
     /// empty): a client that keeps answers by user id must forget the alias's (docs/PROTOCOL.md,
-    /// "Keeping answers").
+    /// "Keeping answers"). RESUMED: every alias the customer has now (any may have been
+    /// linked after after_log_sequence).
     public var aliasesChanged: [String] = []
 
     /// Creates a message with every field absent (nil, empty, false, 0).

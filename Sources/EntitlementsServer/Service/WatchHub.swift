@@ -211,7 +211,7 @@ public final class WatchStream: @unchecked Sendable {
             self.known[customerId] = known
             if let after = self.afterLogSequence, lastChange > after {
                 response.logSequence = sequence
-                self.emit(EntitlementsChangedEvent(customerId: customerId, cause: .resumed, current: response, logSequence: sequence), customerId: customerId)
+                self.emit(Self.resumed(customerId, record, response, sequence), customerId: customerId)
             }
         }
         for customerId in resumed.sorted() where !self.finished {
@@ -222,11 +222,18 @@ public final class WatchStream: @unchecked Sendable {
                 self.known[customerId] = known
             }
             response.logSequence = sequence
-            self.emit(EntitlementsChangedEvent(customerId: customerId, cause: .resumed, current: response, logSequence: sequence), customerId: customerId)
+            self.emit(Self.resumed(customerId, record, response, sequence), customerId: customerId)
         }
         if !self.finished {
             self.armTimer(now: now)
         }
+    }
+
+    /// A RESUMED event. It names in `aliases_changed` every alias the customer has now: any
+    /// of them may have been linked to it after the watch's sequence, and a write the event
+    /// already folds in sends no event of its own (a client cache forgets what they name).
+    private static func resumed(_ customerId: String, _ record: CustomerRecord?, _ response: CheckEntitlementsResponse, _ sequence: UInt64) -> EntitlementsChangedEvent {
+        EntitlementsChangedEvent(customerId: customerId, cause: .resumed, current: response, logSequence: sequence, aliasesChanged: (record?.aliases ?? []).sorted())
     }
 
     // MARK: Changes
@@ -337,7 +344,9 @@ public final class WatchStream: @unchecked Sendable {
         // The entitlements and until when they hold: a write that moves only validUntil (a
         // grant that starts next week beside an expired purchase) is a change too, or a
         // client keeping the answer until its validUntil would keep it too long.
-        let encoded = (try? CheckEntitlementsResponse(validUntil: resolution.validUntil, entitlements: resolution.entitlements).serializedBytes()) ?? []
+        // Whether the customer exists is part of it: a customer created or deleted by a write
+        // that changes nothing in this environment still changes the answer's customer_id.
+        let encoded = (try? CheckEntitlementsResponse(customerId: record?.id, validUntil: resolution.validUntil, entitlements: resolution.entitlements).serializedBytes()) ?? []
         let response = resolution.response(userId: record?.id ?? "", customerId: record?.id, requestDate: now)
         return (Known(encoded: encoded, states: states, validUntil: resolution.validUntil), response)
     }

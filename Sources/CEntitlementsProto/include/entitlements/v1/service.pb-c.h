@@ -320,7 +320,8 @@ struct  Entitlements__V1__EntitlementsChangedEvent
    * WRITE: the aliases the write linked to this customer, moved away from it or removed
    * with it. An alias change sends an event even when the answer is the same (`changes`
    * empty): a client that keeps answers by user id must forget the alias's (docs/PROTOCOL.md,
-   * "Keeping answers").
+   * "Keeping answers"). RESUMED: every alias the customer has now (any may have been
+   * linked after after_log_sequence).
    */
   size_t n_aliases_changed;
   char **aliases_changed;

@@ -23,6 +23,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
         // TLS for the load generator's framed connections (the p2 and p3 TLS rows).
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        // NearCacheLoad counts the near-cache's metrics for real (an atomic per counter).
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
     ],
     targets: [
         // Microbenchmarks of the wire path: protobuf-c shim and frame codec.
@@ -103,6 +105,7 @@ let package = Package(
             dependencies: [
                 .product(name: "EntitlementsClient", package: mainPackage),
                 .product(name: "EntitlementsMessages", package: mainPackage),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

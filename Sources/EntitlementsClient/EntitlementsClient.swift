@@ -166,10 +166,11 @@ public final class EntitlementsClient: Sendable {
         if let kept = nearCache.lookup(request, now: NearCache.now()) {
             return kept
         }
-        // Stale-if-error without the wait: while every connection is between failed
-        // attempts, a call would only sleep until the next; a kept answer within the bound
-        // is answered now (a call after the backoff still tries the server).
-        if nearCache.configuration.staleIfErrorFor != nil, self.slots.allSatisfy(\.isBackingOff),
+        // Stale-if-error without the wait: while every connection is between attempts that
+        // could not reach the server, a call would only sleep until the next; a kept answer
+        // within the bound is answered now (a call after the backoff still tries the
+        // server, so an answer may be stale for up to maximumBackoff after it is back).
+        if nearCache.configuration.staleIfErrorFor != nil, self.slots.allSatisfy(\.isBackingOffUnreachable),
             let stale = nearCache.stale(request, now: NearCache.now())
         {
             return stale
@@ -348,6 +349,9 @@ public final class EntitlementsClient: Sendable {
             var connecting: EventLoopFuture<Connection>?
             var failures = 0
             var nextAttempt = NIODeadline.uptimeNanoseconds(0)
+            /// Whether the last failed attempt could not reach the server (UNAVAILABLE), not
+            /// one the server refused (a token) or the settings (TLS) made fail.
+            var lastFailureUnreachable = false
         }
 
         /// Either the attempt in progress, or a new promise the caller must complete.
@@ -407,9 +411,10 @@ public final class EntitlementsClient: Sendable {
         }
 
         /// Records a failed attempt; returns when the next may start.
-        func failed(initial: TimeAmount, maximum: TimeAmount) {
+        func failed(initial: TimeAmount, maximum: TimeAmount, unreachable: Bool) {
             self.state.withLock { state in
                 state.failures += 1
+                state.lastFailureUnreachable = unreachable
                 let exponent = min(state.failures - 1, 16)
                 let delay = min(maximum.nanoseconds, initial.nanoseconds << exponent)
                 // Full jitter keeps many clients from reconnecting in step.
@@ -421,11 +426,11 @@ public final class EntitlementsClient: Sendable {
             self.state.withLock { $0.nextAttempt }
         }
 
-        /// Whether the slot has no connection, its last attempt failed, and the next may not
-        /// start yet: a call now would wait for the backoff.
-        var isBackingOff: Bool {
+        /// Whether the slot has no connection, its last attempt could not reach the server,
+        /// and the next may not start yet: a call now would wait for the backoff.
+        var isBackingOffUnreachable: Bool {
             self.state.withLock { state in
-                state.failures > 0 && !(state.connection?.channel.isActive ?? false) && state.nextAttempt > .now()
+                state.failures > 0 && state.lastFailureUnreachable && !(state.connection?.channel.isActive ?? false) && state.nextAttempt > .now()
             }
         }
     }
@@ -452,7 +457,11 @@ public final class EntitlementsClient: Sendable {
                 promise.succeed(connection)
                 return connection
             } catch {
-                slot.failed(initial: self.configuration.initialBackoff, maximum: self.configuration.maximumBackoff)
+                slot.failed(
+                    initial: self.configuration.initialBackoff,
+                    maximum: self.configuration.maximumBackoff,
+                    unreachable: (error as? EntitlementsClientError)?.code == .unavailable
+                )
                 slot.endAttempt()
                 promise.fail(error)
                 throw error

@@ -17,11 +17,11 @@ public struct NearCacheConfiguration: Sendable {
     /// What the kept answers may take, in bytes (each charged about four times its size on
     /// the wire, plus the cache's per-entry overhead).
     public var budgetBytes: Int
-    /// Stale-if-error: when the server cannot be reached (UNAVAILABLE, or
-    /// DEADLINE_EXCEEDED once the watch is down too), answer from a kept answer, still
-    /// before its validUntil, marked with `stale_for_ms` (how long since the near-cache
-    /// lost its watch), for at most this long after the watch was lost; past it, the call
-    /// fails as it would without the cache. nil (the default): never.
+    /// Stale-if-error: when the server cannot be reached (UNAVAILABLE or
+    /// DEADLINE_EXCEEDED, which also count as a lost watch), answer from a kept answer,
+    /// still before its validUntil, marked with `stale_for_ms` (how long since the
+    /// near-cache lost its watch), for at most this long after the watch was lost; past it,
+    /// the call fails as it would without the cache. nil (the default): never.
     public var staleIfErrorFor: Duration?
 
     public init(budgetBytes: Int = 32 << 20, staleIfErrorFor: Duration? = nil) {
@@ -188,8 +188,9 @@ final class NearCache: Sendable {
     /// The server could not be reached: the watch cannot be trusted either (it may not have
     /// seen its connection go), so nothing is served until a new one starts.
     func serverUnreachable() {
+        let clock = Self.monotonic()
         self.state.withLock { state in
-            Self.markLost(&state, epoch: state.epoch)
+            Self.markLost(&state, epoch: state.epoch, at: clock)
         }
     }
 
@@ -232,12 +233,12 @@ final class NearCache: Sendable {
         let sequence = response.logSequence
         let clock = Self.monotonic()
         var previousWatch: Task<Void, Never>?
-        let start = self.state.withLock { state -> (epoch: UInt64, from: UInt64)? in
-            guard !state.closed else { return nil }
+        self.state.withLock { state in
+            guard !state.closed else { return }
             if state.lost {
                 // The server answers again: what was kept under the lost watch cannot be
                 // proven current. Forget it all; a new watch starts from this answer.
-                guard clock >= state.nextWatchAt else { return nil }
+                guard clock >= state.nextWatchAt else { return }
                 state.statistics.invalidations += UInt64(state.cache.statistics.entries)
                 state.cache.removeAll()
                 state.aliasKeys = [:]
@@ -249,31 +250,27 @@ final class NearCache: Sendable {
                 previousWatch = state.watchTask
                 state.watchTask = nil
             }
-            var start: (UInt64, UInt64)?
             if state.watchFrom == nil {
-                guard sequence >= state.lowestStart, clock >= state.nextWatchAt else { return nil }
+                guard sequence >= state.lowestStart, clock >= state.nextWatchAt else { return }
                 state.watchFrom = sequence
                 state.watchStartedAt = clock
                 state.statistics.watchesStarted += 1
-                start = (state.epoch, sequence)
+                // Made and registered under the lock: a close() after it finds the task.
+                state.watchTask = self.watchTask(client: client, epoch: state.epoch, from: sequence)
             }
             let servedAfterStart = sequence >= state.watchFrom! || (ticket.epoch == state.epoch && ticket.watchStarted)
             let customer = response.customerId ?? userId
-            guard servedAfterStart, Self.noEventNamed(userId, customer, since: ticket.events, in: state) else { return start }
+            guard servedAfterStart, Self.noEventNamed(userId, customer, since: ticket.events, in: state) else { return }
             let kept = KeptResponse(response, keptAt: now, encodedBytes: encodedBytes)
-            guard state.cache.insert(kept, for: Self.key(userId), at: now) else { return start }
+            guard state.cache.insert(kept, for: Self.key(userId), at: now) else { return }
             if customer != userId {
                 state.aliasKeys[customer, default: []].insert(userId)
                 if state.aliasKeys.count > max(1024, 2 * state.cache.statistics.entries) {
                     Self.rebuildAliasKeys(&state)
                 }
             }
-            return start
         }
         previousWatch?.cancel()
-        if let start {
-            self.startWatch(client: client, epoch: start.epoch, from: start.from)
-        }
     }
 
     /// Whether no event applied after `events` named `userId` or `customer`; false when
@@ -346,13 +343,14 @@ final class NearCache: Sendable {
 
     // MARK: The watch
 
-    private func startWatch(client: EntitlementsClient, epoch: UInt64, from sequence: UInt64) {
-        // Neither the near-cache nor the client is kept alive by the task: it holds the
-        // client only while it opens the stream.
-        let task = Task.detached { [weak client, weak self] () -> Void in
+    /// The task of one watch (epoch `epoch`, from `sequence`), until it ends or the epoch
+    /// does. Neither the near-cache nor the client is kept alive by it: it holds the client
+    /// only while it opens the stream, and opens none once the cache is closed.
+    private func watchTask(client: EntitlementsClient, epoch: UInt64, from sequence: UInt64) -> Task<Void, Never> {
+        Task.detached { [weak client, weak self] () -> Void in
             let request = WatchEntitlementsRequest(allCustomers: true, environment: .production, afterLogSequence: Int64(sequence))
             do {
-                guard let events = try await client?.watch(request) else { return }
+                guard self?.isCurrent(epoch) == true, let events = try await client?.watch(request) else { return }
                 self?.connected(epoch: epoch)
                 for try await event in events {
                     guard let self, self.apply(event, epoch: epoch) else { return }
@@ -364,17 +362,10 @@ final class NearCache: Sendable {
                 self?.ended(epoch: epoch, from: sequence, refused: false)
             }
         }
-        let cancel = self.state.withLock { state -> Bool in
-            if state.epoch != epoch {
-                return true
-            }
-            // Registered even when closed: close() cancels and awaits what it finds.
-            state.watchTask = task
-            return state.closed
-        }
-        if cancel {
-            task.cancel()
-        }
+    }
+
+    private func isCurrent(_ epoch: UInt64) -> Bool {
+        self.state.withLock { $0.epoch == epoch && !$0.closed && !Task.isCancelled }
     }
 
     private func connected(epoch: UInt64) {
@@ -393,22 +384,26 @@ final class NearCache: Sendable {
             if refused {
                 state.lowestStart = max(state.lowestStart, sequence + 1)
             }
-            if clock &- state.watchStartedAt < 1_000_000_000 {
-                state.shortWatches = min(state.shortWatches + 1, 7)
-                state.nextWatchAt = clock + UInt64(50_000_000) << UInt64(state.shortWatches - 1)
-            } else {
-                state.shortWatches = 0
-            }
-            Self.markLost(&state, epoch: epoch)
+            Self.markLost(&state, epoch: epoch, at: clock)
         }
     }
 
-    private static func markLost(_ state: inout State, epoch: UInt64) {
-        guard state.epoch == epoch, state.watchFrom != nil else { return }
+    /// Nothing kept is served until a new watch; a watch lost within a second of its start
+    /// (refused, or a server that times out every check) delays the next: 50 ms, doubling
+    /// to 3.2 s, so that a struggling server is not sent a new watch and its RESUMED burst
+    /// on every miss.
+    private static func markLost(_ state: inout State, epoch: UInt64, at clock: UInt64) {
+        guard state.epoch == epoch, state.watchFrom != nil, !state.lost else { return }
+        if clock &- state.watchStartedAt < 1_000_000_000 {
+            state.shortWatches = min(state.shortWatches + 1, 7)
+            state.nextWatchAt = clock + UInt64(50_000_000) << UInt64(state.shortWatches - 1)
+        } else {
+            state.shortWatches = 0
+        }
         state.live = false
         state.lost = true
         if state.lostAt == nil {
-            state.lostAt = Self.monotonic()
+            state.lostAt = clock
         }
     }
 

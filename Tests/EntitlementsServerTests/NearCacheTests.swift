@@ -68,6 +68,10 @@ struct NearCacheTests {
             _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7", environment: .sandbox))
         }
         #expect(client.nearCacheStatistics?.hits == 2 && client.nearCacheStatistics?.entries == 1)
+        // A filter the server would refuse is refused, kept answer or not.
+        await #expect(throws: EntitlementsClientError.self) {
+            _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7", entitlementIds: [""]))
+        }
 
         // Another client writes: the kept answer is forgotten once the event arrives.
         let grant = GrantEntitlementRequest(userId: "user-7", grant: Grant(grantId: "nc-1", entitlementId: "beta"))

@@ -7,7 +7,8 @@ import Synchronization
 
 /// The open WatchEntitlements streams and who watches which customer.
 ///
-/// Writes reach it from the log's writer thread (``publish(_:)``); each interested watch
+/// Writes reach it once the resolvers' caches have dropped what they changed, on the first
+/// resolver's event loop (``publish(_:)``); each interested watch
 /// gets the new record on its own connection's event loop, where it resolves, compares with
 /// what it last sent, and sends an event if the answer changed. Producers never wait for a
 /// watcher: a watcher that cannot keep up overflows its bounded buffer and is ended with

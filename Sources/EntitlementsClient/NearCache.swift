@@ -1,7 +1,7 @@
 import EntitlementsCache
 import EntitlementsMessages
-import EntitlementsWire
 import Metrics
+import NIOCore
 import Synchronization
 
 #if canImport(Glibc)
@@ -128,7 +128,9 @@ final class NearCache: Sendable {
         self.state = Mutex(State(cache: ResponseCache(budgetBytes: configuration.budgetBytes)))
     }
 
-    /// The client's clock, in Unix milliseconds (what validUntil is compared with).
+    /// The client's clock, in Unix milliseconds (what validUntil is compared with): the
+    /// server's `WallClock`, which lives in EntitlementsStore, a module the client does
+    /// not link.
     static func now() -> Int64 {
         var time = timespec()
         clock_gettime(CLOCK_REALTIME, &time)
@@ -138,9 +140,7 @@ final class NearCache: Sendable {
     /// A clock that only moves forward, in nanoseconds (what stale-if-error's bound is
     /// measured with: a wall clock set back must not extend it).
     static func monotonic() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+        NIODeadline.now().uptimeNanoseconds
     }
 
     /// Whether `request` may be answered from kept answers: a production check of now, not

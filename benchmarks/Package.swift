@@ -112,6 +112,17 @@ let package = Package(
             path: "Sources/NearCacheLoad",
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // The least a framed server on swift-nio can do per request (README, "The NIO floor").
+        .executableTarget(
+            name: "NIOFloor",
+            dependencies: [
+                .product(name: "EntitlementsWire", package: mainPackage),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Sources/NIOFloor",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // CheckEntitlements as a gRPC method, with the protobuf-c shim as its codec: shared
         // by the gRPC peer and the load generator.
         .target(

@@ -30,6 +30,9 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     private(set) var isDraining = false
     /// Why the connection failed (a TLS handshake, say), for calls made after it did.
     private var failure: String?
+    /// PINGs sent and not yet answered, by the 8 bytes they carry.
+    private var pings: [UInt64: EventLoopPromise<Void>] = [:]
+    private var nextPing: UInt64 = 1
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
@@ -86,6 +89,28 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         return id
     }
 
+    /// Sends a PING; the future succeeds when its PONG arrives (every frame the server sent
+    /// before reading the PING has then been read), and fails with ``CallFailure/timedOut``
+    /// if it has not within `timeout`, or with the connection.
+    func ping(timeout: TimeAmount) -> EventLoopFuture<Void> {
+        guard let context = self.context else {
+            preconditionFailure("ping before the handler was added")
+        }
+        let promise = context.eventLoop.makePromise(of: Void.self)
+        if let failure = self.failure {
+            promise.fail(CallFailure.connectionLost(failure))
+            return promise.futureResult
+        }
+        let id = self.nextPing
+        self.nextPing += 1
+        self.pings[id] = promise
+        context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
+            self.pings.removeValue(forKey: id)?.fail(CallFailure.timedOut)
+        }
+        self.send(Frame(type: .ping, requestID: id))
+        return promise.futureResult
+    }
+
     /// Cancels a stream the caller no longer reads.
     func cancelStream(_ id: UInt64) {
         guard self.streams.removeValue(forKey: id) != nil else {
@@ -129,7 +154,9 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         case .error:
             self.failAll(CallFailure.connectionError(frame.status, frame.message))
             context.close(promise: nil)
-        case .pong, .request, .cancel:
+        case .pong:
+            self.pings.removeValue(forKey: frame.requestID)?.succeed()
+        case .request, .cancel:
             break
         }
     }
@@ -154,6 +181,11 @@ final class ClientConnectionHandler: ChannelInboundHandler {
             case .connectionError(let status, let message): stream.end(status, message)
             default: stream.end(.unavailable, "the connection was lost")
             }
+        }
+        let pings = self.pings
+        self.pings.removeAll()
+        for promise in pings.values {
+            promise.fail(failure)
         }
         let calls = self.pending
         self.pending.removeAll()

@@ -299,9 +299,24 @@ public final class EntitlementsClient: Sendable {
     /// RESOURCE_EXHAUSTED for a watcher that fell behind: resubscribe); stopping iteration
     /// cancels the stream.
     public func watch(_ request: WatchEntitlementsRequest) async throws -> AsyncThrowingStream<EntitlementsChangedEvent, any Error> {
-        var payload = ByteBuffer()
+        try await self.openWatch(request).events
+    }
+
+    /// A watch, and a PING of the connection it runs on (the near-cache's proof that the
+    /// watch is alive: its PONG comes after every event the server sent before it).
+    struct OpenWatch: Sendable {
+        let events: AsyncThrowingStream<EntitlementsChangedEvent, any Error>
+        /// Succeeds when a PONG comes back within the timeout; throws otherwise.
+        let ping: @Sendable (TimeAmount) async throws -> Void
+    }
+
+    /// ``watch(_:)``, with a way to PING the watch's connection.
+    func openWatch(_ request: WatchEntitlementsRequest) async throws -> OpenWatch {
+        let payload: ByteBuffer
         do {
-            try request.serialize(into: &payload)
+            var buffer = ByteBuffer()
+            try request.serialize(into: &buffer)
+            payload = buffer
         } catch {
             throw EntitlementsClientError(code: .invalidArgument, message: "\(error)")
         }
@@ -325,13 +340,15 @@ public final class EntitlementsClient: Sendable {
                 }
             )
         }.get()
+        let loop = connection.channel.eventLoop
         if let id = started {
-            let loop = connection.channel.eventLoop
             continuation.onTermination = { _ in
                 loop.execute { handler.value.cancelStream(id) }
             }
         }
-        return stream
+        return OpenWatch(events: stream) { timeout in
+            try await loop.flatSubmit { handler.value.ping(timeout: timeout) }.get()
+        }
     }
 
     // MARK: Connections

@@ -23,10 +23,19 @@ public struct NearCacheConfiguration: Sendable {
     /// near-cache lost its watch), for at most this long after the watch was lost; past it,
     /// the call fails as it would without the cache. nil (the default): never.
     public var staleIfErrorFor: Duration?
+    /// How often the watch's connection is PINGed, and how long its PONG may take: a PONG
+    /// not back within it counts as a lost watch. A connection can die without either
+    /// side's kernel noticing (a partition, a server that hangs), and a watch on it then
+    /// tells nothing while looking connected; with this, no kept answer is served more than
+    /// about twice this after the server was last heard from. Default 1 s (a 24-byte frame
+    /// each way a second); nil: no PING, and only a closed connection or a failed check
+    /// shows the watch lost.
+    public var watchLiveness: Duration?
 
-    public init(budgetBytes: Int = 32 << 20, staleIfErrorFor: Duration? = nil) {
+    public init(budgetBytes: Int = 32 << 20, staleIfErrorFor: Duration? = nil, watchLiveness: Duration? = .seconds(1)) {
         self.budgetBytes = budgetBytes
         self.staleIfErrorFor = staleIfErrorFor
+        self.watchLiveness = watchLiveness
     }
 }
 
@@ -68,8 +77,9 @@ public struct NearCacheStatistics: Sendable, Hashable {
 /// `log_sequence` is at least S, or its request left after the answer that set S arrived),
 /// and if no event that names its user id or customer arrived while its request was in
 /// flight (a ring of the names recent events carried; an answer whose flight outlasted the
-/// ring is not kept). When the watch is lost nothing is served; the next answer from the
-/// server forgets everything kept and starts a new epoch with a new watch.
+/// ring is not kept). When the watch is lost (it ends, or its connection does not answer a
+/// PING within ``NearCacheConfiguration/watchLiveness``) nothing is served; the next answer
+/// from the server forgets everything kept and starts a new epoch with a new watch.
 final class NearCache: Sendable {
     /// Taken before a request leaves: where the near-cache stood, to judge its answer by.
     struct Ticket: Sendable {
@@ -347,13 +357,31 @@ final class NearCache: Sendable {
     /// does. Neither the near-cache nor the client is kept alive by it: it holds the client
     /// only while it opens the stream, and opens none once the cache is closed.
     private func watchTask(client: EntitlementsClient, epoch: UInt64, from sequence: UInt64) -> Task<Void, Never> {
-        Task.detached { [weak client, weak self] () -> Void in
+        let liveness = self.configuration.watchLiveness.map(Self.timeAmount)
+        return Task.detached { [weak client, weak self] () -> Void in
             let request = WatchEntitlementsRequest(allCustomers: true, environment: .production, afterLogSequence: Int64(sequence))
             do {
-                guard self?.isCurrent(epoch) == true, let events = try await client?.watch(request) else { return }
+                guard self?.isCurrent(epoch) == true, let watch = try await client?.openWatch(request) else { return }
                 self?.connected(epoch: epoch)
-                for try await event in events {
-                    guard let self, self.apply(event, epoch: epoch) else { return }
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask { [weak self] in
+                        for try await event in watch.events {
+                            guard let self, self.apply(event, epoch: epoch) else { return }
+                        }
+                    }
+                    if let liveness {
+                        // Ends only by throwing: a PONG that did not come back in time.
+                        group.addTask {
+                            while true {
+                                try await Task.sleep(for: .nanoseconds(liveness.nanoseconds))
+                                try await watch.ping(liveness)
+                            }
+                        }
+                    }
+                    // The first to end ends the watch: the events (the stream ended or the
+                    // epoch is over) or the PINGs (the watch cannot be known alive).
+                    defer { group.cancelAll() }
+                    try await group.next()
                 }
                 self?.ended(epoch: epoch, from: sequence, refused: false)
             } catch let error as EntitlementsClientError {
@@ -362,6 +390,11 @@ final class NearCache: Sendable {
                 self?.ended(epoch: epoch, from: sequence, refused: false)
             }
         }
+    }
+
+    private static func timeAmount(_ duration: Duration) -> TimeAmount {
+        let (seconds, attoseconds) = duration.components
+        return .nanoseconds(max(1, seconds * 1_000_000_000 + attoseconds / 1_000_000_000))
     }
 
     private func isCurrent(_ epoch: UInt64) -> Bool {

@@ -142,6 +142,47 @@ struct NearCacheTests {
         try await fixture.stop()
     }
 
+    @Test("a watch whose connection goes silent (a partition, a hung server) is lost within two PING intervals: nothing kept is served, then a new watch")
+    func silentConnection() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let proxy = try await FreezingProxy(to: fixture.port, group: fixture.group)
+        let client = EntitlementsClient(configuration: .init(
+            server: .tcp(host: "127.0.0.1", port: proxy.port),
+            nearCache: NearCacheConfiguration(budgetBytes: 1 << 20, watchLiveness: .milliseconds(200))
+        ))
+        let writer = fixture.client()
+        let kept = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7"))
+        try await Self.eventually("the watch connects") { client.nearCacheStatistics?.watching == true }
+        try await Task.sleep(for: .milliseconds(500))  // PINGs answered: the watch holds
+        #expect(client.nearCacheStatistics?.watching == true)
+        #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7")).logSequence == kept.logSequence)
+        #expect(client.nearCacheStatistics?.hits == 1)
+
+        // The connection goes silent, and meanwhile the customer changes on the server: the
+        // event never arrives, so only the missing PONG can tell the kept answer is stale.
+        proxy.freeze()
+        let _: WriteResponse = try await writer.call(.grantEntitlement, GrantEntitlementRequest(userId: "user-7", grant: Grant(grantId: "nc-silent", entitlementId: "beta")))
+        try await Self.eventually("the silent watch is lost") { client.nearCacheStatistics?.watching == false }
+        await #expect(throws: EntitlementsClientError.self, "the kept answer is not served; the server cannot be reached") {
+            _ = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7"), timeout: .milliseconds(300))
+        }
+        #expect(client.nearCacheStatistics?.hits == 1)
+
+        // Heard from again: the server's answer (with the write) is served, and kept under a
+        // new watch.
+        proxy.thaw()
+        try await Self.eventually("the write is seen once the connection speaks again") {
+            let answer = try? await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7"), timeout: .milliseconds(300))
+            return answer.map { Self.active($0).contains("beta") } ?? false
+        }
+        try await Self.eventually("a new watch connects") { client.nearCacheStatistics?.watching == true }
+        #expect((client.nearCacheStatistics?.watchesStarted ?? 0) >= 2)
+        await client.close()
+        await writer.close()
+        try await proxy.close()
+        try await fixture.stop()
+    }
+
     @Test("stale-if-error: with the server gone, kept answers are served marked stale within the bound, then the error")
     func staleIfError() async throws {
         let fixture = try await ServerFixture(writable: true)

@@ -9,6 +9,14 @@ server).
     cache = NearCache(stub)          # an EntitlementServiceStub
     answer = cache.check("user-1")   # a CheckEntitlementsResponse
     cache.close()
+
+Rule 6 (the watch must be known alive): while its watch is open it calls Health on the
+same channel every `liveness` seconds with that deadline, and takes a call that fails as a
+lost watch (rule 4). gRPC's own keepalive would be the HTTP/2 PING, but with
+keepalive_time_ms and keepalive_timeout_ms at 1000 and keepalive_permit_without_calls,
+grpcio 1.85 did not fail a watch whose connection went silent within 10 s in this test
+(its keepalive trace showed no PING started on that connection): a call with a deadline is
+what a client controls.
 """
 import collections
 import threading
@@ -30,9 +38,10 @@ def now_ms():
 class NearCache:
     RING = 4096  # names of recent events remembered, to judge answers that were in flight
 
-    def __init__(self, stub, max_entries=10_000):
+    def __init__(self, stub, max_entries=10_000, liveness=1.0):
         self.stub = stub
         self.max_entries = max_entries
+        self.liveness = liveness   # rule 6: seconds between proofs that the watch's channel answers
         self.lock = threading.Lock()
         self.kept = collections.OrderedDict()           # user id -> CheckEntitlementsResponse
         self.alias_keys = collections.defaultdict(set)  # customer id -> other user ids kept for it
@@ -161,6 +170,7 @@ class NearCache:
                 self.call = call
                 if not self.lost:
                     self.live = True
+            threading.Thread(target=self._prove_alive, args=(epoch, call), daemon=True).start()
             for event in call:
                 if not self._apply(event, epoch):
                     return
@@ -177,6 +187,22 @@ class NearCache:
                 else:
                     self.short_watches = 0
             self._mark_lost(epoch)
+
+    def _prove_alive(self, epoch, call):
+        # Rule 6: a channel that stops answering (a partition, a hung server) shows nothing
+        # on the watch; a call on it with a deadline does.
+        while True:
+            time.sleep(self.liveness)
+            with self.lock:
+                if epoch != self.epoch or self.closed or not call.is_active():
+                    return
+            try:
+                self.stub.Health(svc.HealthRequest(), timeout=self.liveness)
+            except grpc.RpcError:
+                with self.lock:
+                    self._mark_lost(epoch)
+                call.cancel()
+                return
 
     def _mark_lost(self, epoch):
         if epoch == self.epoch and self.watch_from is not None:

@@ -105,6 +105,81 @@ class Server:
             self.process.wait(timeout=30)
 
 
+class FreezingProxy:
+    """A loopback TCP proxy that can go silent: frozen, it drops every byte either way and
+    closes nothing, as a partition or a hung server looks to a client."""
+
+    def __init__(self, target_port):
+        self.frozen = False
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.target_port = target_port
+        self.sockets = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                inbound, _ = self.listener.accept()
+            except OSError:
+                return
+            outbound = socket.create_connection(("127.0.0.1", self.target_port))
+            self.sockets += [inbound, outbound]
+            for source, sink in ((inbound, outbound), (outbound, inbound)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source, sink):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if not self.frozen:
+                    sink.sendall(data)
+        except OSError:
+            pass
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.close()
+        for s in self.sockets:
+            s.close()
+
+
+def silent_connection(server, writer_stub):
+    """Rule 6: a watch whose connection goes silent is lost, and nothing kept is served."""
+    proxy = FreezingProxy(server.grpc_port)
+    channel = grpc.insecure_channel("127.0.0.1:%d" % proxy.port)
+    cache = NearCache(service_pb2_grpc.EntitlementServiceStub(channel), liveness=0.2)
+    user = "py-silent"
+    cache.check(user)
+    deadline = time.time() + 5
+    while not cache.live and time.time() < deadline:
+        time.sleep(0.01)
+    cache.check(user)
+    check(cache.live and cache.hits == 1, "a kept answer is served while the channel answers")
+    proxy.frozen = True
+    writer_stub.GrantEntitlement(svc.GrantEntitlementRequest(
+        user_id=user, grant=types.Grant(grant_id="py-silent", entitlement_id="beta")), timeout=5)
+    deadline = time.time() + 5
+    while cache.live and time.time() < deadline:
+        time.sleep(0.01)
+    check(not cache.live, "a watch whose connection is silent is lost (rule 6: a Health call on its channel fails)")
+    try:
+        answer = cache.check(user, timeout=0.3)
+        check(False, "the kept answer is not served once the watch is lost: got %r" % answer)
+    except grpc.RpcError:
+        check(cache.hits == 1, "the kept answer is not served once the watch is lost")
+    cache.close()
+    channel.close()
+    proxy.close()
+
+
 def main():
     binary = os.path.abspath(sys.argv[1])
     work = tempfile.mkdtemp(prefix="nearcache-test-")
@@ -219,6 +294,8 @@ def main():
               % (len(writes), len(observations), failures[0], cache.hits, cache.invalidations, cache.watches, len(wrong), LAG_MS))
         check(not wrong, "every answer is exact at its log_sequence and within %d ms of the writes after it: %r" % (LAG_MS, wrong[:3]))
         check(cache.hits > 0 and cache.watches >= 3 and len(writes) > 100, "the cache answered checks itself while writes and restarts went on")
+
+        silent_connection(server, stub)
 
         # The server gone: nothing is served (the reference has no stale-if-error).
         server.stop()

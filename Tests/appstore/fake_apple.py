@@ -17,7 +17,9 @@ about what it is sent:
 - Transaction ids are digits (400 errorCode 4000006 otherwise); an unknown one is 404
   errorCode 4040010. Production is served at /, the sandbox at /sandbox (two hosts at
   Apple); a transaction lives in one of them.
-- The test can make a path fail (429 errorCode 4290000, 500) and reads the calls made.
+- The test can make calls fail (429 errorCode 4290000, 500), by a fragment of
+  "Production:/path" or "Sandbox:/path" (a path alone fails it in both), and reads the
+  calls made.
 
 The JWS are signed as Apple signs them: ES256 with an x5c chain (leaf, intermediate, root)
 made by the test with openssl. Nothing here talks beyond 127.0.0.1."""
@@ -214,7 +216,7 @@ class FakeApple:
                 query = urllib.parse.parse_qs(url.query)
                 with fake.lock:
                     fake.calls.append((environment, path))
-                    failing = next((status for fragment, status in fake.fail.items() if fragment in path), None)
+                    failing = next((status for fragment, status in fake.fail.items() if fragment in environment + ":" + path), None)
                 why = fake.authenticate(self.headers.get("Authorization"))
                 if why:
                     with fake.lock:

@@ -272,7 +272,24 @@ try:
     check(status == 200 and answer["entitlements"]["entitlements"]["premium"]["isActive"] and metric("entitlements_appstore_api_requests_total", call="statuses", outcome="store_unavailable") == 1,
           "Apple unreachable: the verified transaction alone is recorded, and the failure counted: %r" % (answer,))
     del fake.fail["/inApps/v1/subscriptions/1200001"]
-    time.sleep(1.1)  # Apple's 503 backs off every call to Apple for a second
+    time.sleep(1.1)  # Apple's 503 backs off every call to Apple's production host for a second
+
+    # Apple's sandbox failing does not hold back production: two hosts, two back-offs.
+    fake.fail["Sandbox:"] = 503
+    eve = str(uuid.uuid4())
+    fake.add("Sandbox", "acct-eve", transaction(1250001, 1250001, NOW - DAY, NOW + 29 * DAY, token=eve, env="Sandbox"))
+    status, _ = submit(eve, signed(transaction(1250001, 1250001, NOW - DAY, NOW + 29 * DAY, token=eve, env="Sandbox")))
+    sandbox_failed = metric("entitlements_appstore_api_requests_total", call="statuses", outcome="store_unavailable")
+    check(status == 200 and sandbox_failed >= 2, "a sandbox purchase while the sandbox fails: recorded alone, the failure counted: %r" % (sandbox_failed,))
+    gus = str(uuid.uuid4())
+    fake.add("Production", "acct-gus", transaction(1260001, 1260001, NOW - DAY, NOW + 29 * DAY, token=gus))
+    fake.set_renewal("Production", "1260001", renewal(renews=False))
+    status, answer = submit(gus, signed(transaction(1260001, 1260001, NOW - DAY, NOW + 29 * DAY, token=gus)))
+    p = (answer or {}).get("entitlements", {}).get("entitlements", {}).get("premium", {})
+    check(status == 200 and p.get("willRenew") is False and fake.calls_to("/inApps/v1/subscriptions/1260001") >= 1,
+          "production is asked at once while the sandbox backs off: Apple's renewal state is in the first answer: %r" % (p,))
+    del fake.fail["Sandbox:"]
+    time.sleep(1.1)
 
     # MARK: Submission and notification, in either order, end the same
     first, second = str(uuid.uuid4()), str(uuid.uuid4())

@@ -136,8 +136,11 @@ public struct AppStoreRecheck: Service {
         }
         let pause = Duration.seconds(60) / self.perMinute
         for chain in due {
-            if Task.isCancelled || self.api.http.backingOffUntil != nil {
-                return  // the rest waits for the next pass, after Apple's back-off
+            if Task.isCancelled {
+                return
+            }
+            if self.api.http(chain.environment).backingOffUntil != nil {
+                continue  // that host's chains wait for the next pass, after its back-off
             }
             let outcome = await self.ingestion.recheckAppStore(chain, api: self.api, methods: self.methods, on: self.eventLoop)
             switch outcome {

@@ -48,13 +48,16 @@ public struct AppStoreAPISettings: Sendable {
 /// life). Answers are JSON whose signed parts the caller verifies like notifications.
 public final class AppStoreServerAPI: Sendable {
     let settings: AppStoreAPISettings
-    let http: StoreHTTP
+    /// One client and back-off per host: production and the sandbox are two services at
+    /// Apple, and a sandbox that throttles or fails must not hold back production's calls.
+    private let production: StoreHTTP
+    private let sandbox: StoreHTTP
     private let keys: JWTKeyCollection
 
     public init(settings: AppStoreAPISettings) async {
-        let http = StoreHTTP(service: "Apple")
+        self.production = StoreHTTP(service: "Apple")
+        self.sandbox = StoreHTTP(service: "Apple (sandbox)")
         self.settings = settings
-        self.http = http
         self.keys = JWTKeyCollection()
         await self.keys.add(ecdsa: settings.privateKey, kid: JWKIdentifier(string: settings.keyId))
     }
@@ -66,6 +69,11 @@ public final class AppStoreServerAPI: Sendable {
         var aud: String
         var bid: String
         func verify(using algorithm: some JWTAlgorithm) throws {}
+    }
+
+    /// The client of `environment`'s host, with its back-off.
+    func http(_ environment: Environment) -> StoreHTTP {
+        environment == .sandbox ? self.sandbox : self.production
     }
 
     /// The bearer token for one call about `bundleId`'s purchases.
@@ -102,7 +110,7 @@ public final class AppStoreServerAPI: Sendable {
         let base = environment == .sandbox ? self.settings.sandboxURL : self.settings.productionURL
         let where_ = environment == .sandbox ? "sandbox" : "production"
         let token = try await self.token(bundleId: bundleId)
-        let answer = try await self.http.send(.GET, base + path, headers: [("authorization", "Bearer \(token)")], what: "\(what) (\(where_))")
+        let answer = try await self.http(environment).send(.GET, base + path, headers: [("authorization", "Bearer \(token)")], what: "\(what) (\(where_))")
         switch answer.status {
         case 200:
             guard let json = answer.json else {

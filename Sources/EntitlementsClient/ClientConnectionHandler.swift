@@ -14,8 +14,9 @@ enum CallFailure: Error {
 }
 
 /// The client side of one connection: assigns increasing request ids, matches answers to
-/// calls by id (they come back in completion order), answers PINGs, and on GOAWAY fails
-/// the calls the server will not process so that they can be retried elsewhere.
+/// calls by id (they come back in completion order), answers PINGs and sends its own (a
+/// PONG not back in time closes the connection), and on GOAWAY fails the calls the server
+/// will not process so that they can be retried elsewhere.
 /// Confined to the channel's event loop.
 final class ClientConnectionHandler: ChannelInboundHandler {
     typealias InboundIn = Frame
@@ -30,9 +31,11 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     private(set) var isDraining = false
     /// Why the connection failed (a TLS handshake, say), for calls made after it did.
     private var failure: String?
-    /// PINGs sent and not yet answered, by the 8 bytes they carry.
-    private var pings: [UInt64: EventLoopPromise<Void>] = [:]
+    /// PINGs sent and not yet answered, by the 8 bytes they carry, with their timers.
+    private var pings: [UInt64: (promise: EventLoopPromise<Void>, timer: Scheduled<Void>)] = [:]
     private var nextPing: UInt64 = 1
+    /// Set once the channel is inactive: a PING then fails at once.
+    private var isClosed = false
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
@@ -90,25 +93,41 @@ final class ClientConnectionHandler: ChannelInboundHandler {
     }
 
     /// Sends a PING; the future succeeds when its PONG arrives (every frame the server sent
-    /// before reading the PING has then been read), and fails with ``CallFailure/timedOut``
-    /// if it has not within `timeout`, or with the connection.
-    func ping(timeout: TimeAmount) -> EventLoopFuture<Void> {
+    /// before reading the PING has then been read). If it has not within `timeout` the
+    /// connection is taken as dead (a partition or a hung server: nothing else would say
+    /// so) and closed, its calls failing UNAVAILABLE, the next call opening a new one; the
+    /// future then fails with ``CallFailure/timedOut``, or with the connection. Returns the
+    /// PING's id too, for ``cancelPing(_:)``.
+    func ping(timeout: TimeAmount) -> (id: UInt64, answered: EventLoopFuture<Void>) {
         guard let context = self.context else {
             preconditionFailure("ping before the handler was added")
         }
         let promise = context.eventLoop.makePromise(of: Void.self)
-        if let failure = self.failure {
-            promise.fail(CallFailure.connectionLost(failure))
-            return promise.futureResult
-        }
         let id = self.nextPing
         self.nextPing += 1
-        self.pings[id] = promise
-        context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
-            self.pings.removeValue(forKey: id)?.fail(CallFailure.timedOut)
+        if let failure = self.failure {
+            promise.fail(CallFailure.connectionLost(failure))
+            return (id, promise.futureResult)
         }
+        guard !self.isClosed else {
+            promise.fail(CallFailure.connectionLost("the connection closed"))
+            return (id, promise.futureResult)
+        }
+        let timer = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
+            guard let ping = self.pings.removeValue(forKey: id) else { return }
+            ping.promise.fail(CallFailure.timedOut)
+            self.context?.close(promise: nil)
+        }
+        self.pings[id] = (promise, timer)
         self.send(Frame(type: .ping, requestID: id))
-        return promise.futureResult
+        return (id, promise.futureResult)
+    }
+
+    /// Stops waiting for a PING's PONG (its waiter was cancelled).
+    func cancelPing(_ id: UInt64) {
+        guard let ping = self.pings.removeValue(forKey: id) else { return }
+        ping.timer.cancel()
+        ping.promise.fail(CancellationError())
     }
 
     /// Cancels a stream the caller no longer reads.
@@ -155,13 +174,17 @@ final class ClientConnectionHandler: ChannelInboundHandler {
             self.failAll(CallFailure.connectionError(frame.status, frame.message))
             context.close(promise: nil)
         case .pong:
-            self.pings.removeValue(forKey: frame.requestID)?.succeed()
+            if let ping = self.pings.removeValue(forKey: frame.requestID) {
+                ping.timer.cancel()
+                ping.promise.succeed()
+            }
         case .request, .cancel:
             break
         }
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        self.isClosed = true
         self.failAll(CallFailure.connectionLost("the connection closed"))
         context.fireChannelInactive()
     }
@@ -184,8 +207,9 @@ final class ClientConnectionHandler: ChannelInboundHandler {
         }
         let pings = self.pings
         self.pings.removeAll()
-        for promise in pings.values {
-            promise.fail(failure)
+        for ping in pings.values {
+            ping.timer.cancel()
+            ping.promise.fail(failure)
         }
         let calls = self.pending
         self.pending.removeAll()

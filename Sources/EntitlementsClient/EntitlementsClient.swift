@@ -347,7 +347,12 @@ public final class EntitlementsClient: Sendable {
             }
         }
         return OpenWatch(events: stream) { timeout in
-            try await loop.flatSubmit { handler.value.ping(timeout: timeout) }.get()
+            let (id, answered) = try await loop.submit { handler.value.ping(timeout: timeout) }.get()
+            try await withTaskCancellationHandler {
+                try await answered.get()
+            } onCancel: {
+                loop.execute { handler.value.cancelPing(id) }
+            }
         }
     }
 

@@ -28,8 +28,9 @@ public struct NearCacheConfiguration: Sendable {
     /// side's kernel noticing (a partition, a server that hangs), and a watch on it then
     /// tells nothing while looking connected; with this, no kept answer is served more than
     /// about twice this after the server was last heard from. Default 1 s (a 24-byte frame
-    /// each way a second); nil: no PING, and only a closed connection or a failed check
-    /// shows the watch lost.
+    /// each way a second). A PONG not back in time also closes that connection (its calls
+    /// fail UNAVAILABLE; the next opens a new one). nil, or not positive: no PING, and only
+    /// a closed connection or a failed check shows the watch lost.
     public var watchLiveness: Duration?
 
     public init(budgetBytes: Int = 32 << 20, staleIfErrorFor: Duration? = nil, watchLiveness: Duration? = .seconds(1)) {
@@ -357,44 +358,64 @@ final class NearCache: Sendable {
     /// does. Neither the near-cache nor the client is kept alive by it: it holds the client
     /// only while it opens the stream, and opens none once the cache is closed.
     private func watchTask(client: EntitlementsClient, epoch: UInt64, from sequence: UInt64) -> Task<Void, Never> {
-        let liveness = self.configuration.watchLiveness.map(Self.timeAmount)
+        let liveness = self.configuration.watchLiveness.flatMap(Self.timeAmount)
         return Task.detached { [weak client, weak self] () -> Void in
             let request = WatchEntitlementsRequest(allCustomers: true, environment: .production, afterLogSequence: Int64(sequence))
+            let watch: EntitlementsClient.OpenWatch
             do {
-                guard self?.isCurrent(epoch) == true, let watch = try await client?.openWatch(request) else { return }
-                self?.connected(epoch: epoch)
-                try await withThrowingTaskGroup(of: Void.self) { group in
-                    group.addTask { [weak self] in
-                        for try await event in watch.events {
-                            guard let self, self.apply(event, epoch: epoch) else { return }
-                        }
-                    }
-                    if let liveness {
-                        // Ends only by throwing: a PONG that did not come back in time.
-                        group.addTask {
-                            while true {
-                                try await Task.sleep(for: .nanoseconds(liveness.nanoseconds))
-                                try await watch.ping(liveness)
-                            }
-                        }
-                    }
-                    // The first to end ends the watch: the events (the stream ended or the
-                    // epoch is over) or the PINGs (the watch cannot be known alive).
-                    defer { group.cancelAll() }
-                    try await group.next()
-                }
-                self?.ended(epoch: epoch, from: sequence, refused: false)
+                guard self?.isCurrent(epoch) == true, let opened = try await client?.openWatch(request) else { return }
+                watch = opened
             } catch let error as EntitlementsClientError {
                 self?.ended(epoch: epoch, from: sequence, refused: error.code == .failedPrecondition)
+                return
             } catch {
                 self?.ended(epoch: epoch, from: sequence, refused: false)
+                return
+            }
+            self?.connected(epoch: epoch)
+            await withTaskGroup(of: Bool.self) { group in
+                // Each child returns whether the watch was refused; the first to end ends
+                // the watch (the events: the stream ended, failed or the epoch is over; the
+                // PINGs: a PONG not back in time), at once: the other may still be waiting.
+                group.addTask { [weak self] in
+                    do {
+                        for try await event in watch.events {
+                            guard let self, self.apply(event, epoch: epoch) else { return false }
+                        }
+                        return false
+                    } catch let error as EntitlementsClientError {
+                        return error.code == .failedPrecondition
+                    } catch {
+                        return false
+                    }
+                }
+                if let liveness {
+                    group.addTask { [weak self] in
+                        // Ends when a PONG does not come back in time (or the cache is gone).
+                        while self != nil {
+                            do {
+                                try await Task.sleep(for: .nanoseconds(liveness.nanoseconds))
+                                try await watch.ping(liveness)
+                            } catch {
+                                return false
+                            }
+                        }
+                        return false
+                    }
+                }
+                let refused = await group.next() ?? false
+                self?.ended(epoch: epoch, from: sequence, refused: refused)
+                group.cancelAll()
             }
         }
     }
 
-    private static func timeAmount(_ duration: Duration) -> TimeAmount {
+    /// `duration` as a TimeAmount (saturating); nil when it is not positive (no PING).
+    private static func timeAmount(_ duration: Duration) -> TimeAmount? {
+        guard duration > .zero else { return nil }
         let (seconds, attoseconds) = duration.components
-        return .nanoseconds(max(1, seconds * 1_000_000_000 + attoseconds / 1_000_000_000))
+        let (nanoseconds, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        return overflow ? .nanoseconds(.max) : .nanoseconds(max(1, nanoseconds &+ attoseconds / 1_000_000_000))
     }
 
     private func isCurrent(_ epoch: UInt64) -> Bool {

@@ -16,7 +16,10 @@ lost watch (rule 4). gRPC's own keepalive would be the HTTP/2 PING, but with
 keepalive_time_ms and keepalive_timeout_ms at 1000 and keepalive_permit_without_calls,
 grpcio 1.85 did not fail a watch whose connection went silent within 10 s in this test
 (its keepalive trace showed no PING started on that connection): a call with a deadline is
-what a client controls.
+what a client controls. It costs one Health call a second per cache (counted in the
+server's request metrics, and traced when tracing is on). A gRPC channel may put that call
+on another HTTP/2 connection than the watch's (after a GOAWAY, or with several addresses);
+with one address and a live connection it uses that one.
 """
 import collections
 import threading
@@ -198,7 +201,7 @@ class NearCache:
                     return
             try:
                 self.stub.Health(svc.HealthRequest(), timeout=self.liveness)
-            except grpc.RpcError:
+            except Exception:  # an RpcError, or a channel closed meanwhile (ValueError)
                 with self.lock:
                     self._mark_lost(epoch)
                 call.cancel()

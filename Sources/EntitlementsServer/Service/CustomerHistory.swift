@@ -26,7 +26,8 @@ extension EntitlementMethods {
     /// CustomerHistory (method 6): the customer's timeline from the log the data directory
     /// keeps (docs/durability.md, "History"). Reads files, so it runs on threads of its own
     /// (``HistoryReads``, at most two at once: a third is RESOURCE_EXHAUSTED), never on the
-    /// event loop, and stops between segments once the call's deadline has passed; needs
+    /// event loop, and stops between segments once the call's deadline has passed or the
+    /// call was cancelled (CANCEL, or its connection closed: its place is freed); needs
     /// `check`, as a check or an explained check, whose record already holds every
     /// transaction and grant the customer ever had.
     func customerHistory(_ request: CustomerHistoryRequest, _ context: CallContext) -> MethodResult<CustomerHistoryResponse> {
@@ -40,6 +41,7 @@ extension EntitlementMethods {
         }
         let store = self.store
         let deadline = context.deadline
+        let scope = context.scope
         let userId = request.userId ?? ""
         let environment = request.environment
         let read = HistoryReads.pool.runIfActive(eventLoop: context.eventLoop) { () -> Result<CustomerHistoryResponse, ServiceError> in
@@ -48,12 +50,19 @@ extension EntitlementMethods {
             if expired() {
                 return .failure(ServiceError(.deadlineExceeded, "the deadline passed before the history was read"))
             }
+            if scope.isClosed {
+                return .failure(ServiceError(.cancelled, "the call was cancelled before the history was read"))
+            }
             do {
                 let history = try store.history(
-                    of: userId, limit: limit, environment: environment, now: WallClock.unixMilliseconds(), date: RFC3339.format, cancelled: expired
+                    of: userId, limit: limit, environment: environment, now: WallClock.unixMilliseconds(), date: RFC3339.format,
+                    cancelled: { expired() || scope.isClosed }
                 )
                 return .success(history)
             } catch is CancellationError {
+                if scope.isClosed {
+                    return .failure(ServiceError(.cancelled, "the call was cancelled while the history was read"))
+                }
                 return .failure(ServiceError(.deadlineExceeded, "the deadline passed while the history was read"))
             } catch let error as SnapshotError {
                 // A damaged kept file: only histories that read it fail; checks and writes

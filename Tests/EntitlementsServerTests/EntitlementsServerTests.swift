@@ -4,6 +4,7 @@ import EntitlementsResolver
 import EntitlementsServer
 import EntitlementsCache
 import EntitlementsStore
+import EntitlementsTools
 import EntitlementsWire
 import Foundation
 import NIOCore
@@ -618,6 +619,40 @@ struct ServerLifecycleTests {
         // for it to read the answers the server holds for it.
         connection.shutdown()
         try await fixture.stop()
+    }
+
+    @Test("a watch event larger than a frame may carry ends the watch with RESOURCE_EXHAUSTED, and the connection lives")
+    func oversizedEvent() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("big-event-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var writer = try SnapshotWriter(path: directory + "/big.snap", catalog: SyntheticData.catalog, createdDate: now)
+        let transactions = (0..<30_000).map { index in
+            Transaction(
+                originalTransactionId: "chain", transactionId: "transaction-\(index)", store: .appstore, productId: "com.example.premium.monthly",
+                transactionDate: now - Int64(30_000 - index) * 60_000, expirationDate: now + 86_400_000,
+                environment: .production, ownershipType: .owner, type: .subscriptionRenewed
+            )
+        }
+        try writer.append(CustomerRecord(id: "big", transactions: transactions))
+        try writer.finish()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let store = try CustomerStore.open(dataDirectory: directory + "/data", seed: directory + "/big.snap").0
+        let server = try await EntitlementsServer.start(store: store, configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), resolvers: 1), group: group)
+        let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: server.tcpAddress!.port!)), eventLoopGroup: group)
+        let events = try await client.watch(WatchEntitlementsRequest(userIds: ["big"]))
+        try await Task.sleep(for: .milliseconds(100))  // the watch is registered
+        let _: WriteResponse = try await client.call(.grantEntitlement, GrantEntitlementRequest(userId: "big", grant: Grant(grantId: "g", entitlementId: "beta")))
+        await #expect {
+            for try await _ in events {}
+        } throws: { error in
+            let error = error as? EntitlementsClientError
+            return error?.code == .resourceExhausted && error?.message.contains("an event carries at most 1048576") == true
+        }
+        #expect(try await client.health().status == .serving, "the connection lives")
+        await client.close()
+        await server.shutdownGracefully()
+        try await group.shutdownGracefully()
     }
 
     @Test("an answer larger than a frame may carry fails with RESOURCE_EXHAUSTED, and the connection lives")

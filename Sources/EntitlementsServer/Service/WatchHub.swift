@@ -322,13 +322,22 @@ public final class WatchStream: @unchecked Sendable {
         self.emit(event, customerId: customerId)
     }
 
-    /// Encodes `event` and delivers it.
+    /// Encodes `event` and delivers it; an event larger than a client accepts
+    /// (``AnswerLimit``, as for a RESPONSE) ends the stream instead: a client would take the
+    /// frame for a connection error and lose its other calls.
     private func emit(_ event: EntitlementsChangedEvent, customerId: String) {
         var buffer = ByteBuffer()
         do {
             try event.serialize(into: &buffer)
         } catch {
             self.finish(.internalError, "cannot encode the event for \(customerId): \(error)")
+            return
+        }
+        guard buffer.readableBytes <= AnswerLimit.maximumBytes else {
+            self.finish(
+                .resourceExhausted,
+                "the event for \(customerId) is \(buffer.readableBytes) bytes; an event carries at most \(AnswerLimit.maximumBytes) (watch fewer entitlements, or check that customer instead)"
+            )
             return
         }
         self.deliver(buffer)

@@ -65,6 +65,9 @@ public final class FleetReplica: Sendable {
         let reads = configuration.readURL.map { FleetDatabase(url: $0, maximumConnections: configuration.connections, logger: logger) }
         do {
             try await FleetSchema.check(database)
+            for warning in try await FleetSchema.durabilityWarnings(database) {
+                logger.warning("\(warning)")
+            }
             let (store, report, startup) = try await FleetSnapshot.openStore(
                 dataDirectory: dataDirectory,
                 seed: seed,

@@ -310,6 +310,23 @@ public enum FleetSchema {
         }
     }
 
+    /// What about the database's settings could lose a write this server acknowledges
+    /// (its COMMIT returns before the WAL is durable): `fsync` or `full_page_writes` off.
+    /// Each write's transaction sets `synchronous_commit` on itself. Empty when none.
+    public static func durabilityWarnings(_ database: FleetDatabase) async throws -> [String] {
+        try await database.withConnection { connection in
+            var warnings: [String] = []
+            for setting in ["fsync", "full_page_writes"] {
+                for try await value in try await connection.query(PostgresQuery(unsafeSQL: "SHOW \(setting)"), logger: database.logger).decode(String.self) where value == "off" {
+                    warnings.append(
+                        "PostgreSQL at \(database.url) runs with \(setting)=off: a crash of its machine can lose writes this server acknowledged (docs/fleet.md, \"Durability\"); never in production"
+                    )
+                }
+            }
+            return warnings
+        }
+    }
+
     private static func newer(_ version: Int) -> FleetError {
         FleetError(
             .schema,

@@ -448,7 +448,10 @@ public final class FleetWriter: WriteUpstream {
                      WHERE c.customer_id = t.customer_id
                  ),
                  notified AS (SELECT pg_notify(\(Self.notifyChannel), head.seq::text) FROM head)
-            SELECT head.seq FROM head, notified
+            SELECT head.seq FROM head, notified,
+                -- The COMMIT that acknowledges these writes waits for its WAL flush (and for
+                -- synchronous standbys), whatever the role's or database's default says.
+                (SELECT set_config('synchronous_commit', 'on', true)) AS durable
             """,
             logger: logger
         )

@@ -189,6 +189,17 @@ struct FleetTests {
         await empty.close()
     }
 
+    @Test("a database whose settings can lose acknowledged writes is named at start (this test's PostgreSQL runs with fsync and full_page_writes off, for speed)")
+    func durabilityWarnings() async throws {
+        let postgres = try PostgresServer()
+        let database = FleetDatabase(url: postgres.databaseURL, logger: Logger(label: "t"))
+        let warnings = try await FleetSchema.durabilityWarnings(database)
+        #expect(warnings.count == 2, "\(warnings)")
+        #expect(warnings.first?.contains("runs with fsync=off: a crash of its machine can lose writes this server acknowledged") == true, "\(warnings)")
+        #expect(warnings.last?.contains("full_page_writes=off") == true, "\(warnings)")
+        await database.close()
+    }
+
     @Test("two servers on one database: a write through A is applied on B in sequence order; a retry takes no new sequence")
     func twoServers() async throws {
         let world = try await FleetWorld()

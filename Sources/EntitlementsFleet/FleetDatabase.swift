@@ -369,9 +369,12 @@ public final class FleetDatabase: Sendable {
                 }
                 do {
                     try await connection.query("COMMIT", logger: logger)
-                } catch let error as PSQLError where error.code == .server {
-                    throw error  // the server answered: it did not commit
+                } catch let error as PSQLError where error.code == .server && error.serverInfo?[.severity] == "ERROR" {
+                    throw error  // the server answered ERROR: it did not commit
                 } catch {
+                    // Anything else, a FATAL or PANIC answer included (PostgreSQL PANICs when
+                    // the WAL's flush fails after the commit record was written, and its crash
+                    // recovery then finds the commit), says nothing sure about the commit.
                     // The server may have committed before the answer was lost.
                     throw CommitOutcomeUnknown(underlying: error)
                 }

@@ -259,9 +259,12 @@ public enum FleetSchema {
         public var oldestKept: UInt64?
     }
 
-    /// Removes change log rows committed before `cutoff` (Unix milliseconds), always
-    /// keeping the newest row. A server whose cursor is older than what is left starts
-    /// afresh from a snapshot (docs/fleet.md, "Retention").
+    /// Removes the change log's rows before the first one committed at or after `cutoff`
+    /// (Unix milliseconds), always keeping the newest row: a prefix, so what is left has no
+    /// gap (`committed_at` is its transaction's start, which does not rise with `seq`: a
+    /// transaction that waited for the sequence's lock has a later `seq` and an earlier
+    /// time). A server whose cursor is older than what is left starts afresh from a
+    /// snapshot (docs/fleet.md, "Retention").
     public static func prune(_ database: FleetDatabase, olderThan cutoff: Int64) async throws -> PruneReport {
         do {
             return try await database.withTransaction(timeout: .seconds(3_600)) { connection in
@@ -270,8 +273,10 @@ public enum FleetSchema {
                     """
                     WITH gone AS (
                         DELETE FROM change_log
-                        WHERE committed_at < to_timestamp(\(Double(cutoff) / 1000))
-                          AND seq < (SELECT max(seq) FROM change_log)
+                        WHERE seq < COALESCE(
+                            (SELECT min(seq) FROM change_log WHERE committed_at >= to_timestamp(\(Double(cutoff) / 1000))),
+                            (SELECT max(seq) FROM change_log)
+                        )
                         RETURNING 1
                     )
                     SELECT count(*) FROM gone

@@ -634,8 +634,32 @@ struct FleetTests {
         b = try await world.replica("b")
         #expect(b.startup.contains("the change log now starts at 3"), "\(b.startup)")
         #expect(try b.store.grantIds("alice") == ["g1", "g2", "g3"])
-        await a.close()
         await b.close()
+
+        // A row whose time is later than the next one's (a transaction that started first
+        // and waited for the sequence): pruning stops at it, leaving no gap behind it.
+        try await tailing([a]) {
+            for grant in ["g4", "g5", "g6"] {
+                _ = try await a.store.write(FleetWorld.grant("alice", grant), now: world.now)
+            }
+        }
+        let sequences: @Sendable () async throws -> [Int64] = {
+            try await a.database.withConnection { connection in
+                var seen: [Int64] = []
+                for try await seq in try await connection.query("SELECT seq FROM change_log ORDER BY seq", logger: world.logger).decode(Int64.self) {
+                    seen.append(seq)
+                }
+                return seen
+            }
+        }
+        #expect(try await sequences() == [3, 4, 5, 6])
+        try await a.database.withConnection { connection in
+            _ = try await connection.query("UPDATE change_log SET committed_at = now() + interval '1 hour' WHERE seq = 4", logger: world.logger)
+        }
+        let prefix = try await FleetSchema.prune(a.database, olderThan: Int64(Date().timeIntervalSince1970 * 1000) + 60_000)
+        #expect(prefix.removedRows == 1 && prefix.oldestKept == 4)
+        #expect(try await sequences() == [4, 5, 6], "no gap: 5 is kept though older than the cutoff")
+        await a.close()
     }
 
     @Test("serve --postgres killed with SIGKILL at random moments resumes from its saved cursor and misses nothing", .timeLimit(.minutes(3)))

@@ -292,11 +292,6 @@ public final class EntitlementsServer: Sendable {
             _ security: ListenerSecurity,
             _ protocols: ServerTLS.Protocols = .framed,
             _ configure: @escaping @Sendable (any Channel, ConnectionCredentials) throws -> Void = { channel, credentials in
-                if credentials.security.tls == nil {
-                    // A client may shut down its sending side once its requests are out
-                    // (docs/PROTOCOL.md, "Half-closing"): it still gets their answers.
-                    try channel.syncOptions?.setOption(ChannelOptions.allowRemoteHalfClosure, value: true)
-                }
                 try channel.pipeline.syncOperations.addHandler(ServerConnectionHandler(methods: methods, eventLoop: channel.eventLoop, credentials: credentials))
             },
             refuse: @escaping @Sendable (any Channel) throws -> Void = { channel in

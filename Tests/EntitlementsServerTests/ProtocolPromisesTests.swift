@@ -138,36 +138,6 @@ struct LogSequenceTests {
         GrantEntitlementRequest(userId: user, grant: Grant(grantId: id, entitlementId: "beta", grantedDate: now, expirationDate: now + 86_400_000 * 400))
     }
 
-    @Test("a client that half-closes after its requests gets every answer, then the server closes; a frame it left unfinished gets an ERROR")
-    func halfClose() async throws {
-        let fixture = try await ServerFixture(writable: true)
-        // A write (answered once durable, later than the read) and a check, then a FIN.
-        let connection = try RawConnection(port: fixture.port)
-        connection.send([
-            RawConnection.request(1, Self.grant("user-1", "half"), method: .grantEntitlement),
-            RawConnection.request(2, CheckEntitlementsRequest(userId: "user-2"), method: .checkEntitlements),
-        ])
-        connection.shutdownSending()
-        var answers: [UInt64: Frame] = [:]
-        while let frame = try await offThePool({ try connection.receive() }) {
-            answers[frame.requestID] = frame
-        }
-        #expect(answers[1]?.type == .response && answers[1]?.status == .ok, "the write's answer: \(String(describing: answers[1]))")
-        #expect(answers[2]?.type == .response && answers[2]?.status == .ok, "the check's answer: \(String(describing: answers[2]))")
-        #expect(answers.count == 2, "then the end of the stream: \(answers.keys.sorted())")
-
-        // Half a frame, then a FIN: an ERROR naming it, then the end.
-        let partial = try RawConnection(port: fixture.port)
-        var bytes = ByteBuffer()
-        bytes.writeFrame(RawConnection.request(1, CheckEntitlementsRequest(userId: "user-2"), method: .checkEntitlements))
-        partial.send(bytes: Array(bytes.readableBytesView.prefix(30)))
-        partial.shutdownSending()
-        let error = try #require(try await offThePool { try partial.receive() })
-        #expect(error.type == .error && error.status == .invalidArgument, "\(error)")
-        #expect(try await offThePool { try partial.receive() } == nil)
-        try await fixture.stop()
-    }
-
     @Test("a retried write answers changed: false on the wire (bools are always sent); an inactive entitlement sends is_active: false")
     func falseIsSent() async throws {
         let fixture = try await ServerFixture(writable: true)

@@ -173,11 +173,6 @@ final class RawConnection: @unchecked Sendable {
         _ = Glibc.shutdown(self.socket, Int32(SHUT_RDWR))
     }
 
-    /// Half-closes: a FIN for the server, while this side still reads.
-    func shutdownSending() {
-        _ = Glibc.shutdown(self.socket, Int32(SHUT_WR))
-    }
-
     /// Sends what the socket takes now; returns how many bytes that was.
     func sendWithoutBlocking(_ bytes: [UInt8]) -> Int {
         bytes.withUnsafeBytes { raw in

@@ -77,8 +77,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private let credentials: ConnectionCredentials
     private var inReadBatch = false
     private var needsFlush = false
-    /// The client has shut down its sending side (see `inputClosed`).
-    private var isInputClosed = false
     /// Frames not yet handed to the channel (see `sendOutgoing`).
     private var outgoing = ByteBuffer()
     private var context: ChannelHandlerContext!
@@ -281,34 +279,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is ChannelShouldQuiesceEvent {
             self.drain()
-        } else if case ChannelEvent.inputClosed = event {
-            self.inputClosed()
         } else {
             context.fireUserInboundEventTriggered(event)
-        }
-    }
-
-    /// The client shut down its sending side (half-closed, on a plaintext listener): every
-    /// call it sent is answered, then the connection closes; open watches keep it until the
-    /// client closes it. A frame it left unfinished is a connection error.
-    private func inputClosed() {
-        guard self.state.isReadingFrames, !self.isInputClosed else {
-            return
-        }
-        self.isInputClosed = true
-        do {
-            try self.frames.finishProcessing(seenEOF: true) { _ in }
-        } catch {
-            self.frameError(error)
-            return
-        }
-        self.closeIfInputDone()
-    }
-
-    /// After a half-close, closes once nothing is left to answer.
-    private func closeIfInputDone() {
-        if self.isInputClosed, self.pending.isEmpty, self.watches.isEmpty, self.state.isReadingFrames {
-            self.closeGracefully(waitForReader: false)
         }
     }
 
@@ -508,7 +480,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             end: { [unowned self] status, message in
                 self.watches[requestID] = nil
                 self.endWatch(requestID, status, message)
-                self.closeIfInputDone()
             }
         )
         switch self.methods.watch(frame.payload, self.callContext(deadline), codec: .framed, sink: sink) {
@@ -691,8 +662,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.updateReading()
         if self.state.closesAfterCall(inFlight: self.pending.count) {
             self.closeGracefully()  // the rest of this read batch is not processed
-        } else if self.isInputClosed {
-            self.closeIfInputDone()
         }
     }
 

@@ -202,7 +202,7 @@ public final class WatchStream: @unchecked Sendable {
             }
             resumed = changed
         }
-        for customerId in self.customerIds {
+        for customerId in self.customerIds where !self.finished {
             let (record, sequence) = try self.store.customerAndSequence(for: customerId)
             // Read after the record: a write between the two then counts as a change (an
             // event too many at worst); read before, it could be in the record unannounced.
@@ -326,6 +326,9 @@ public final class WatchStream: @unchecked Sendable {
     /// (``AnswerLimit``, as for a RESPONSE) ends the stream instead: a client would take the
     /// frame for a connection error and lose its other calls.
     private func emit(_ event: EntitlementsChangedEvent, customerId: String) {
+        guard !self.finished else {
+            return  // after its END_OF_STREAM nothing more goes out for the call
+        }
         var buffer = ByteBuffer()
         do {
             try event.serialize(into: &buffer)
@@ -384,6 +387,9 @@ public final class WatchStream: @unchecked Sendable {
 
     /// Sends `event`, or holds it while the socket is full; too many held ends the stream.
     private func deliver(_ event: ByteBuffer) {
+        guard !self.finished else {
+            return
+        }
         guard self.socketFull else {
             self.socketFull = !self.sink.send(event)
             return

@@ -65,8 +65,13 @@ public final class FleetReplica: Sendable {
         let reads = configuration.readURL.map { FleetDatabase(url: $0, maximumConnections: configuration.connections, logger: logger) }
         do {
             try await FleetSchema.check(database)
-            for warning in try await FleetSchema.durabilityWarnings(database) {
-                logger.warning("\(warning)")
+            // Advisory: a database that cannot say (an odd setting, a timeout) still starts.
+            do {
+                for warning in try await FleetSchema.durabilityWarnings(database) {
+                    logger.warning("\(warning)")
+                }
+            } catch {
+                logger.notice("could not read PostgreSQL's fsync and full_page_writes settings: \(FleetError.describe(error))")
             }
             let (store, report, startup) = try await FleetSnapshot.openStore(
                 dataDirectory: dataDirectory,

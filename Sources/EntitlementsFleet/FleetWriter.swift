@@ -449,9 +449,12 @@ public final class FleetWriter: WriteUpstream {
                  ),
                  notified AS (SELECT pg_notify(\(Self.notifyChannel), head.seq::text) FROM head)
             SELECT head.seq FROM head, notified,
-                -- The COMMIT that acknowledges these writes waits for its WAL flush (and for
-                -- synchronous standbys), whatever the role's or database's default says.
-                (SELECT set_config('synchronous_commit', 'on', true)) AS durable
+                -- The COMMIT that acknowledges these writes waits for its WAL flush, whatever
+                -- the role's or database's default says: off is raised to on; a stronger
+                -- setting (remote_write, remote_apply) or local is kept.
+                (SELECT set_config('synchronous_commit',
+                    CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                    true)) AS durable
             """,
             logger: logger
         )

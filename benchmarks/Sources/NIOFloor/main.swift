@@ -1,10 +1,11 @@
 // The floor of a framed server on swift-nio: the least work any NIO server speaking
-// docs/PROTOCOL.md's frames can do per request. One handler; each REQUEST frame gets an OK
-// RESPONSE with one fixed payload of the size of a typical cached answer; the answers of
-// one read go out with one write and one flush, as the server's do. No cache, no decoding,
-// no metrics, no checks of the protocol's rules: what is left is NIO's event loop, channel
-// and pipeline, and the kernel. run with LoadGen's entitlements target against it to see
-// how close to Redis a server on NIO can come (benchmarks/README.md, "The NIO floor").
+// docs/PROTOCOL.md's frames can do per request. One handler; each frame (LoadGen sends
+// only REQUESTs) gets an OK RESPONSE with one fixed payload, 250 bytes by default (the
+// size of a typical cached answer); the answers of one read go out with one write and one
+// flush, as the server's do. No cache, no decoding, no metrics, no checks of the
+// protocol's rules: what is left is NIO's event loop, channel and pipeline, and the
+// kernel. Run LoadGen's entitlements target against it to see how close to Redis a server
+// on NIO can come (benchmarks/README.md, "The NIO floor").
 //
 //   NIOFloor PORT [PAYLOAD_BYTES]
 import EntitlementsWire
@@ -67,7 +68,7 @@ guard arguments.count >= 2, let port = Int(arguments[1]) else {
     print("usage: NIOFloor PORT [PAYLOAD_BYTES]")
     exit(2)
 }
-let payloadBytes = arguments.count >= 3 ? Int(arguments[2]) ?? 160 : 160
+let payloadBytes = arguments.count >= 3 ? Int(arguments[2]) ?? 250 : 250
 let payload = ByteBuffer(repeating: 0x2A, count: payloadBytes)
 let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
 let channel = try await ServerBootstrap(group: group)

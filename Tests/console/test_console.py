@@ -21,6 +21,7 @@ from harness import FAILURES, check, post  # noqa: E402
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -94,7 +95,9 @@ def main():
             options.add_argument(flag)
         driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
         driver.set_page_load_timeout(30)
-        wait = WebDriverWait(driver, 20)
+        # The console re-renders its tables when an answer arrives: an element found just
+        # before is then stale, and the wait tries again (it failed the test once in CI).
+        wait = WebDriverWait(driver, 20, ignored_exceptions=[StaleElementReferenceException])
         driver.get("http://127.0.0.1:%d/console" % admin)
 
         def look_up(user, token):

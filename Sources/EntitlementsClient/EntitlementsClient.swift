@@ -251,11 +251,7 @@ public final class EntitlementsClient: Sendable {
         } catch {
             throw EntitlementsClientError(code: .invalidArgument, message: "\(error)")
         }
-        let amount = timeout.map { timeout -> TimeAmount in
-            let (seconds, attoseconds) = timeout.components
-            let (nanoseconds, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
-            return overflow ? .nanoseconds(.max) : .nanoseconds(nanoseconds &+ attoseconds / 1_000_000_000)
-        }
+        let amount = timeout.map(TimeAmount.init)  // clamped to Int64.max nanoseconds
         let ticket = self.nextSlot.wrappingAdd(1, ordering: .relaxed).oldValue & Int.max
         let slot = self.slots[ticket % self.slots.count]
         var attempt = 0

@@ -358,7 +358,7 @@ final class NearCache: Sendable {
     /// does. Neither the near-cache nor the client is kept alive by it: it holds the client
     /// only while it opens the stream, and opens none once the cache is closed.
     private func watchTask(client: EntitlementsClient, epoch: UInt64, from sequence: UInt64) -> Task<Void, Never> {
-        let liveness = self.configuration.watchLiveness.flatMap(Self.timeAmount)
+        let liveness = self.configuration.watchLiveness.flatMap { $0 > .zero ? $0 : nil }
         return Task.detached { [weak client, weak self] () -> Void in
             let request = WatchEntitlementsRequest(allCustomers: true, environment: .production, afterLogSequence: Int64(sequence))
             let watch: EntitlementsClient.OpenWatch
@@ -394,8 +394,8 @@ final class NearCache: Sendable {
                         // Ends when a PONG does not come back in time (or the cache is gone).
                         while self != nil {
                             do {
-                                try await Task.sleep(for: .nanoseconds(liveness.nanoseconds))
-                                try await watch.ping(liveness)
+                                try await Task.sleep(for: liveness)
+                                try await watch.ping(TimeAmount(liveness))
                             } catch {
                                 return false
                             }
@@ -408,14 +408,6 @@ final class NearCache: Sendable {
                 group.cancelAll()
             }
         }
-    }
-
-    /// `duration` as a TimeAmount (saturating); nil when it is not positive (no PING).
-    private static func timeAmount(_ duration: Duration) -> TimeAmount? {
-        guard duration > .zero else { return nil }
-        let (seconds, attoseconds) = duration.components
-        let (nanoseconds, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
-        return overflow ? .nanoseconds(.max) : .nanoseconds(max(1, nanoseconds &+ attoseconds / 1_000_000_000))
     }
 
     private func isCurrent(_ epoch: UInt64) -> Bool {

@@ -387,9 +387,6 @@ public final class WatchStream: @unchecked Sendable {
 
     /// Sends `event`, or holds it while the socket is full; too many held ends the stream.
     private func deliver(_ event: ByteBuffer) {
-        guard !self.finished else {
-            return
-        }
         guard self.socketFull else {
             self.socketFull = !self.sink.send(event)
             return

@@ -621,27 +621,33 @@ struct ServerLifecycleTests {
         try await fixture.stop()
     }
 
-    @Test("a watch event larger than a frame may carry ends the watch with RESOURCE_EXHAUSTED, and the connection lives")
+    /// A customer whose answer is over 1 MiB: 30,000 renewals of `productId`, every one
+    /// listed in the entitlement's transactions.
+    static func customerOverOneMiB(productId: String) -> CustomerRecord {
+        let transactions = (0..<30_000).map { index in
+            Transaction(
+                originalTransactionId: "chain", transactionId: "transaction-\(index)", store: .appstore, productId: productId,
+                transactionDate: now - Int64(30_000 - index) * 60_000, expirationDate: now + 86_400_000,
+                environment: .production, ownershipType: .owner, type: .subscriptionRenewed
+            )
+        }
+        return CustomerRecord(id: "big", transactions: transactions)
+    }
+
+    @Test("a watch event larger than a frame may carry ends the watch with RESOURCE_EXHAUSTED, and the connection lives", .timeLimit(.minutes(1)))
     func oversizedEvent() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("big-event-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var writer = try SnapshotWriter(path: directory + "/big.snap", catalog: SyntheticData.catalog, createdDate: now)
-        let transactions = (0..<30_000).map { index in
-            Transaction(
-                originalTransactionId: "chain", transactionId: "transaction-\(index)", store: .appstore, productId: "com.example.premium.monthly",
-                transactionDate: now - Int64(30_000 - index) * 60_000, expirationDate: now + 86_400_000,
-                environment: .production, ownershipType: .owner, type: .subscriptionRenewed
-            )
-        }
-        try writer.append(CustomerRecord(id: "big", transactions: transactions))
+        try writer.append(Self.customerOverOneMiB(productId: "com.example.premium.monthly"))
         try writer.finish()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let store = try CustomerStore.open(dataDirectory: directory + "/data", seed: directory + "/big.snap").0
         let server = try await EntitlementsServer.start(store: store, configuration: ServerConfiguration(tcp: ("127.0.0.1", 0), resolvers: 1), group: group)
         let client = EntitlementsClient(configuration: .init(server: .tcp(host: "127.0.0.1", port: server.tcpAddress!.port!)), eventLoopGroup: group)
+        // One connection: the server reads the watch, and registers it, before the write.
         let events = try await client.watch(WatchEntitlementsRequest(userIds: ["big"]))
-        try await Task.sleep(for: .milliseconds(100))  // the watch is registered
         let _: WriteResponse = try await client.call(.grantEntitlement, GrantEntitlementRequest(userId: "big", grant: Grant(grantId: "g", entitlementId: "beta")))
         await #expect {
             for try await _ in events {}
@@ -665,14 +671,7 @@ struct ServerLifecycleTests {
             catalog: Catalog(products: [Product(id: "p", type: .subscription, period: .monthly, entitlements: ["premium"])]),
             createdDate: now
         )
-        let transactions = (0..<30_000).map { index in
-            Transaction(
-                originalTransactionId: "chain", transactionId: "transaction-\(index)", store: .appstore, productId: "p",
-                transactionDate: now - Int64(30_000 - index) * 60_000, expirationDate: now + 86_400_000,
-                environment: .production, ownershipType: .owner, type: .subscriptionRenewed
-            )
-        }
-        try writer.append(CustomerRecord(id: "big", transactions: transactions))
+        try writer.append(Self.customerOverOneMiB(productId: "p"))
         try writer.append(CustomerRecord(id: "small"))
         try writer.finish()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)

@@ -129,8 +129,8 @@ enum ColdRead: Sendable {
     /// No such user, as of log sequence `sequence`.
     case unknown(sequence: UInt64)
     /// The user is (an alias of) customer `customerId`, owned by resolver `owner`, not by
-    /// the one that read it.
-    case elsewhere(owner: Int, customerId: String)
+    /// the one that read it, as of log sequence `sequence`.
+    case elsewhere(owner: Int, customerId: String, sequence: UInt64)
     /// The answer for customer `customerId`, resolved at the first asker's instant.
     case resolved(CachedAnswer, customerId: String)
     /// The snapshot could not be read or the answer encoded.
@@ -148,11 +148,11 @@ struct ColdReader: Sendable {
     let resolver: EntitlementResolver
     let disk: (@Sendable (_ id: String, _ mayWait: Bool) -> Bool)?
 
-    /// Reads `query`'s user (or, for a forwarded alias, the customer `customerId`, which
-    /// this resolver owns) and resolves it if it is this resolver's. With `mayWait` false,
-    /// nil if the read would wait for the disk.
-    func read(_ query: CheckQuery, customerId: String?, mayWait: Bool = true) -> ColdRead? {
-        let id = customerId ?? query.userId
+    /// Reads `query`'s user, by the id as asked (a customer id or an alias: the store says
+    /// whose it is now), and resolves it if it is this resolver's. With `mayWait` false, nil
+    /// if the read would wait for the disk.
+    func read(_ query: CheckQuery, mayWait: Bool = true) -> ColdRead? {
+        let id = query.userId
         if !mayWait, let disk = self.disk, !disk(id, false) {
             return nil
         }
@@ -168,12 +168,12 @@ struct ColdReader: Sendable {
         if mayWait {
             _ = self.disk?(id, true)
         }
-        guard let record, let canonical = customerId ?? record.id else {
+        guard let record, let canonical = record.id else {
             return .unknown(sequence: sequence)
         }
         let owner = AnswerCache.shardIndex(for: canonical, shardCount: self.shardCount)
         guard owner == self.shard else {
-            return .elsewhere(owner: owner, customerId: canonical)
+            return .elsewhere(owner: owner, customerId: canonical, sequence: sequence)
         }
         let resolution = self.resolver.resolve(record, at: query.instant, environment: query.environment, entitlementIds: query.entitlementIds)
         do {

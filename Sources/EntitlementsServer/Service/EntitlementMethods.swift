@@ -160,10 +160,10 @@ public final class EntitlementMethods: Sendable {
         // is read on a cold-read thread; this loop answers other checks meanwhile.
         let promise = context.eventLoop.makePromise(of: CheckOutcome.self)
         switch outcome {
-        case .forward(let shard, let customerId):
-            self.pool.check(query, owner: shard, customerId: customerId, for: context.scope, completing: promise)
+        case .forward(let shard, let customerId, let named):
+            self.pool.check(query, owner: shard, customerId: customerId, named: named, for: context.scope, completing: promise)
         case .cold:
-            self.pool.readCold(query, customerId: nil, on: first, completing: promise)
+            self.pool.readCold(query, on: first, completing: promise)
         default:
             self.pool.check(query, for: context.scope, completing: promise)
         }

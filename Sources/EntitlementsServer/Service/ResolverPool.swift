@@ -36,10 +36,11 @@ public enum AnswerSource: UInt8, Sendable {
 enum CheckOutcome: Sendable {
     /// The answer; `customerId` is nil for an unknown user.
     case answer(CachedAnswer, customerId: String?, source: AnswerSource)
-    /// The user id is an alias of a customer another resolver owns: ask it by the
-    /// customer id. (It reads the record itself: a record read here could be older than
-    /// a write the owner has already been told about.)
-    case forward(shard: Int, customerId: String)
+    /// The user id is an alias of a customer another resolver owns: ask it. The alias
+    /// named `customerId` at every log sequence in `named` (as far as the asker knows):
+    /// the owner answers from its cache only an answer read within those sequences, or
+    /// else reads the alias again (``ResolverCore/check(_:customerId:named:)``).
+    case forward(shard: Int, customerId: String, named: ClosedRange<UInt64>)
     /// Not in the cache, nor in memory: the customer must be read from the disk
     /// (``ResolverPool/readCold(_:customerId:on:completing:)``, on the cold-read threads).
     /// Never returned when there are no cold-read threads.
@@ -86,10 +87,10 @@ public actor ResolverActor {
     /// The state and the rules, usable only on `eventLoop` (checked on each access).
     nonisolated let core: NIOLoopBoundBox<ResolverCore>
 
-    init(reader: ColdReader, inline: Bool, eventLoop: any EventLoop, cache: AnswerCache) {
+    init(reader: ColdReader, inline: Bool, eventLoop: any EventLoop, cache: AnswerCache, told: UInt64) {
         self.eventLoop = eventLoop
         self.core = .makeBoxSendingValue(
-            ResolverCore(reader: reader, inline: inline, cache: cache),
+            ResolverCore(reader: reader, inline: inline, cache: cache, told: told),
             eventLoop: eventLoop
         )
     }
@@ -118,26 +119,41 @@ final class ResolverCore {
     /// Misses are read on this loop, waiting for the disk if need be (no cold-read threads).
     let inline: Bool
     private(set) var cache: AnswerCache
+    /// What a store read taught: the alias named `customerId` at log sequence `since`.
+    struct LearntAlias {
+        var customerId: String
+        var since: UInt64
+    }
+
     /// alias -> canonical id, learnt from store reads, so that a repeated alias check
     /// costs no store read. Bounded: cleared when it reaches `aliasLimit`. A write that
     /// moves or removes an alias makes every resolver forget it before it is acknowledged.
-    private var aliases: [String: String] = [:]
+    private var aliases: [String: LearntAlias] = [:]
     private let aliasLimit = 100_000
     /// Counts the writes this resolver was told of: a cold read that started in an earlier
     /// epoch may hold a record older than an acknowledged write.
     private(set) var epoch: UInt64 = 0
+    /// The log sequence of the last write this resolver was told of (writes are told in
+    /// order). A read at a later sequence is answered but neither cached nor learnt from:
+    /// the resolver has not yet forgotten what the writes between changed, so keeping it
+    /// would mix what it reflects with what it does not. Hence every answer cached here
+    /// holds from its `logSequence` through `told`, and every learnt alias from its
+    /// `since` through `told`: what lets a forwarded alias be answered from the cache.
+    private(set) var told: UInt64
     /// Cold reads under way, by the key they were asked under.
     var pendingReads: [CacheKey: PendingRead] = [:]
 
-    init(reader: ColdReader, inline: Bool, cache: AnswerCache) {
+    init(reader: ColdReader, inline: Bool, cache: AnswerCache, told: UInt64) {
         self.reader = reader
         self.inline = inline
         self.cache = cache
+        self.told = told
     }
 
     func check(_ query: CheckQuery) -> CheckOutcome {
-        let canonical = self.canonicalId(of: query.userId)
-        if let elsewhere = self.unanswerable(query, canonical: canonical) {
+        let learnt = self.learnt(query.userId)
+        let canonical = learnt?.customerId ?? query.userId
+        if let elsewhere = self.unanswerable(query, canonical: canonical, since: learnt?.since) {
             return elsewhere
         }
         let key = query.key(customerId: canonical)
@@ -152,7 +168,7 @@ final class ResolverCore {
     /// memory misses overlap.
     func check(_ queries: [CheckQuery], at indices: [Int], cold: (Int) -> Void) -> [CheckOutcome] {
         let keys = indices.map { index in
-            let canonical = self.canonicalId(of: queries[index].userId)
+            let canonical = self.learnt(queries[index].userId)?.customerId ?? queries[index].userId
             return (canonical: canonical, key: queries[index].key(customerId: canonical))
         }
         return withUnsafeTemporaryAllocation(of: UInt32.self, capacity: keys.count) { hashes in
@@ -163,14 +179,15 @@ final class ResolverCore {
             return indices.indices.map { position in
                 let query = queries[indices[position]]
                 var (canonical, key, hash) = (keys[position].canonical, keys[position].key, hashes[position])
-                if canonical == query.userId, !self.aliases.isEmpty, let learnt = self.aliases[query.userId] {
+                let learnt = self.learnt(query.userId)
+                if canonical == query.userId, let learnt {
                     // An alias that a read earlier in this share taught: asked by its
                     // customer, as a check after that read would be.
-                    canonical = learnt
-                    key = query.key(customerId: learnt)
+                    canonical = learnt.customerId
+                    key = query.key(customerId: canonical)
                     hash = AnswerCache.hash(of: key)
                 }
-                let outcome = self.unanswerable(query, canonical: canonical) ?? self.lookUp(query, canonical: canonical, key: key, hash: hash)
+                let outcome = self.unanswerable(query, canonical: canonical, since: learnt?.since) ?? self.lookUp(query, canonical: canonical, key: key, hash: hash)
                 if case .cold = outcome {
                     cold(indices[position])
                 }
@@ -179,33 +196,35 @@ final class ResolverCore {
         }
     }
 
-    /// `userId`'s customer id if it is an alias learnt earlier, else `userId`. (With no
-    /// alias learnt, as when every check asks by customer id, the id is not even hashed.)
-    private func canonicalId(of userId: String) -> String {
-        self.aliases.isEmpty ? userId : self.aliases[userId] ?? userId
+    /// What a read taught about `userId` if it is an alias. (With no alias learnt, as when
+    /// every check asks by customer id, the id is not even hashed.)
+    private func learnt(_ userId: String) -> LearntAlias? {
+        self.aliases.isEmpty ? nil : self.aliases[userId]
     }
 
     /// What a check gets before any lookup: deadline exceeded, or a forward for an alias
-    /// of another resolver's customer; nil if this resolver answers it.
-    private func unanswerable(_ query: CheckQuery, canonical: String) -> CheckOutcome? {
+    /// (learnt at `since`) of another resolver's customer; nil if this resolver answers it.
+    private func unanswerable(_ query: CheckQuery, canonical: String, since: UInt64?) -> CheckOutcome? {
         if let deadline = query.deadline, NIODeadline.now() >= deadline {
             return .deadlineExceeded
         }
         let owner = AnswerCache.shardIndex(for: canonical, shardCount: self.shardCount)
         guard owner == self.shard else {
             // An alias learnt earlier, of another resolver's customer: no store read here.
-            return .forward(shard: owner, customerId: canonical)
+            // It has named that customer from `since` through every write told here.
+            let since = since ?? self.told
+            return .forward(shard: owner, customerId: canonical, named: since...max(since, self.told))
         }
         return nil
     }
 
-    /// The cache's answer for `key` (whose hash is `hash`), or a read: by `readAs` if given,
-    /// else by the id as asked, alias or not (so that an alias that moved is followed).
-    private func lookUp(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32, readAs: String? = nil) -> CheckOutcome {
+    /// The cache's answer for `key` (whose hash is `hash`), or a read by the id as asked,
+    /// alias or not (so that an alias that moved is followed).
+    private func lookUp(_ query: CheckQuery, canonical: String, key: CacheKey, hash: UInt32) -> CheckOutcome {
         if let answer = self.cache.answer(for: key, hash: hash, at: query.instant) {
             return .answer(answer, customerId: canonical, source: .cache)
         }
-        return self.readHere(query, customerId: readAs)
+        return self.readHere(query)
     }
 
     /// The prefetch of ``check(_:at:cold:)`` for single checks, from their encoded requests:
@@ -221,26 +240,35 @@ final class ResolverCore {
         }
     }
 
-    /// The answer for this resolver's customer `customerId`, asked for by an alias another
-    /// resolver knows.
-    func check(_ query: CheckQuery, customerId: String) -> CheckOutcome {
+    /// The answer for this resolver's customer `customerId`, asked for by an alias that
+    /// named it at every log sequence in `named` (what another resolver knew).
+    ///
+    /// The cached answer of `customerId` holds from its sequence through the last write
+    /// told here; if that span meets `named`, the alias named the customer when the answer
+    /// was read, and the answer is served. Otherwise the alias is read again: it may have
+    /// moved, and a record read now with an alias memory from before would mix two moments
+    /// (an answer naming a customer that no longer held the alias at the answer's sequence).
+    func check(_ query: CheckQuery, customerId: String, named: ClosedRange<UInt64>) -> CheckOutcome {
         if let deadline = query.deadline, NIODeadline.now() >= deadline {
             return .deadlineExceeded
         }
         let key = query.key(customerId: customerId)
-        return self.lookUp(query, canonical: customerId, key: key, hash: AnswerCache.hash(of: key), readAs: customerId)
+        if let answer = self.cache.answer(for: key, hash: AnswerCache.hash(of: key), at: query.instant),
+            query.userId == customerId || (answer.logSequence <= named.upperBound && named.lowerBound <= self.told)
+        {
+            return .answer(answer, customerId: customerId, source: .cache)
+        }
+        return self.readHere(query)
     }
 
-    /// A miss read on this loop: at once if the snapshot's pages are in memory (or if there
-    /// are no cold-read threads, waiting for them); else `.cold`. A read of the same key
-    /// already under way on the threads is waited for rather than raced.
-    private func readHere(_ query: CheckQuery, customerId: String?) -> CheckOutcome {
-        if !self.pendingReads.isEmpty,
-            self.pendingReads[query.key(customerId: customerId ?? query.userId)] != nil
-        {
+    /// A miss read on this loop, by the id as asked: at once if the snapshot's pages are in
+    /// memory (or if there are no cold-read threads, waiting for them); else `.cold`. A read
+    /// of the same id already under way on the threads is waited for rather than raced.
+    private func readHere(_ query: CheckQuery) -> CheckOutcome {
+        if !self.pendingReads.isEmpty, self.pendingReads[query.key(customerId: query.userId)] != nil {
             return .cold
         }
-        guard let read = self.reader.read(query, customerId: customerId, mayWait: self.inline) else {
+        guard let read = self.reader.read(query, mayWait: self.inline) else {
             return .cold
         }
         self.absorb(read, for: query, current: true)
@@ -249,27 +277,34 @@ final class ResolverCore {
 
     /// Takes in what a cold read of `query` found: learns the alias and caches the answer,
     /// unless the read is not `current` (a write may have changed the customer since it
-    /// started).
+    /// started) or was made at a sequence past the last write told here (see ``told``).
     func absorb(_ read: ColdRead, for query: CheckQuery, current: Bool) {
         guard current else {
             return
         }
+        let customerId: String
+        let sequence: UInt64
         switch read {
-        case .resolved(_, let customerId), .elsewhere(_, let customerId):
-            if customerId != query.userId {
-                if self.aliases.count >= self.aliasLimit {
-                    self.aliases.removeAll(keepingCapacity: true)
-                }
-                self.aliases[query.userId] = customerId
-            }
-            if case .resolved(let answer, _) = read {
-                let key = query.key(customerId: customerId)
-                self.cache.insert(answer, for: key, at: query.instant)
-            }
+        case .resolved(let answer, let id):
+            (customerId, sequence) = (id, answer.logSequence)
+        case .elsewhere(_, let id, let at):
+            (customerId, sequence) = (id, at)
         case .unknown, .failed, .abandoned:
             // Unknown users are not cached: ids that do not exist are unbounded, and the
             // index says "absent" fast.
-            break
+            return
+        }
+        guard sequence <= self.told else {
+            return
+        }
+        if customerId != query.userId {
+            if self.aliases.count >= self.aliasLimit {
+                self.aliases.removeAll(keepingCapacity: true)
+            }
+            self.aliases[query.userId] = LearntAlias(customerId: customerId, since: sequence)
+        }
+        if case .resolved(let answer, _) = read {
+            self.cache.insert(answer, for: query.key(customerId: customerId), at: query.instant)
         }
     }
 
@@ -279,13 +314,13 @@ final class ResolverCore {
         case .unknown(let sequence):
             // Empty, valid forever (until a write creates the user).
             return .answer(CachedAnswer.empty(resolvedAt: query.instant, logSequence: sequence), customerId: nil, source: .memory)
-        case .elsewhere(let owner, let customerId):
-            return .forward(shard: owner, customerId: customerId)
+        case .elsewhere(let owner, let customerId, let sequence):
+            return .forward(shard: owner, customerId: customerId, named: sequence...sequence)
         case .resolved(let answer, let customerId):
             guard answer.isValid(at: query.instant) else {
                 // A waiter asking about another instant than the answer holds for: it asks
                 // again, as a forward to this very resolver.
-                return .forward(shard: self.shard, customerId: customerId)
+                return .forward(shard: self.shard, customerId: customerId, named: answer.logSequence...answer.logSequence)
             }
             return .answer(answer, customerId: customerId, source: .memory)
         case .failed(let reason):
@@ -296,10 +331,11 @@ final class ResolverCore {
     }
 
     /// Forgets what a write changed, before the write is acknowledged: the cached answers
-    /// of `customerIds` (those this resolver owns) and the learnt `aliases`. Cold reads under
-    /// way are not joined any more, nor cached when they finish: they may have read the
-    /// records before the write.
-    func invalidate(customerIds: some Sequence<String>, aliases: some Sequence<String>) {
+    /// of `customerIds` (those this resolver owns) and the learnt `aliases`, by the write at
+    /// log sequence `sequence`. Cold reads under way are not joined any more, nor cached
+    /// when they finish: they may have read the records before the write.
+    func invalidate(customerIds: some Sequence<String>, aliases: some Sequence<String>, sequence: UInt64) {
+        self.told = max(self.told, sequence)
         for id in customerIds {
             self.cache.removeAll(customerId: id)
         }
@@ -390,7 +426,8 @@ public final class ResolverPool: Sendable {
                 reader: ColdReader(shard: index, shardCount: count, store: store, resolver: resolver, disk: coldReads.disk),
                 inline: coldReads.threads == 0,
                 eventLoop: eventLoops[index % eventLoops.count],
-                cache: cache
+                cache: cache,
+                told: store.committedSequence
             )
         }
         self.store = store
@@ -423,22 +460,24 @@ public final class ResolverPool: Sendable {
             }
             let outcome = first.core.value.check(query)
             switch outcome {
-            case .forward(let shard, let customerId):
-                self.check(query, owner: shard, customerId: customerId, for: scope, completing: promise)
+            case .forward(let shard, let customerId, let named):
+                self.check(query, owner: shard, customerId: customerId, named: named, for: scope, completing: promise)
             case .cold:
-                self.readCold(query, customerId: nil, on: first, completing: promise)
+                self.readCold(query, on: first, completing: promise)
             default:
                 promise.succeed(outcome)
             }
         }
     }
 
-    /// Asks resolver `owner` about its own customer `customerId` (a forwarded alias); it
-    /// never forwards again, so an alias costs at most one extra hop.
+    /// Asks resolver `owner` about its own customer `customerId` (a forwarded alias that
+    /// named it at the sequences `named`). An alias costs one extra hop, and one more each
+    /// time it is found to have moved to another resolver's customer meanwhile.
     func check(
         _ query: CheckQuery,
         owner: Int,
         customerId: String,
+        named: ClosedRange<UInt64>,
         for scope: ConnectionScope? = nil,
         completing promise: EventLoopPromise<CheckOutcome>
     ) {
@@ -448,10 +487,12 @@ public final class ResolverPool: Sendable {
                 promise.succeed(.stopping)
                 return
             }
-            let outcome = resolver.core.value.check(query, customerId: customerId)
-            if case .cold = outcome {
-                self.readCold(query, customerId: customerId, on: resolver, completing: promise)
-            } else {
+            switch resolver.core.value.check(query, customerId: customerId, named: named) {
+            case .cold:
+                self.readCold(query, on: resolver, completing: promise)
+            case .forward(let owner, let customerId, let named):
+                self.check(query, owner: owner, customerId: customerId, named: named, for: scope, completing: promise)
+            case let outcome:
                 promise.succeed(outcome)
             }
         }
@@ -459,12 +500,11 @@ public final class ResolverPool: Sendable {
 
     /// Reads a miss of `resolver` (on its loop) on a cold-read thread, and completes
     /// `promise` when it is read and resolved: the hits this loop answers meanwhile do not
-    /// wait for it. A read of the same key already under way is joined, not repeated. A
-    /// forwarded alias (`customerId`, this resolver's customer) is read by the customer id.
-    func readCold(_ query: CheckQuery, customerId: String?, on resolver: ResolverActor, completing promise: EventLoopPromise<CheckOutcome>) {
+    /// wait for it. A read of the same key already under way is joined, not repeated.
+    func readCold(_ query: CheckQuery, on resolver: ResolverActor, completing promise: EventLoopPromise<CheckOutcome>) {
         resolver.eventLoop.preconditionInEventLoop()
         let core = resolver.core.value
-        let key = query.key(customerId: customerId ?? query.userId)
+        let key = query.key(customerId: query.userId)
         if let pending = core.pendingReads[key] {
             pending.waiters.append((query, promise))
             return
@@ -478,7 +518,7 @@ public final class ResolverPool: Sendable {
         let reader = core.reader
         let bound = NIOLoopBound(pending, eventLoop: resolver.eventLoop)
         self.coldReads.run(
-            { self.abandoned.load(ordering: .relaxed) ? .abandoned : reader.read(query, customerId: customerId)! },
+            { self.abandoned.load(ordering: .relaxed) ? .abandoned : reader.read(query)! },
             thenOn: resolver.eventLoop
         ) { read in
             let pending = bound.value
@@ -489,8 +529,8 @@ public final class ResolverPool: Sendable {
             core.absorb(read, for: query, current: core.epoch == pending.epoch)
             for (waiting, promise) in pending.waiters {
                 switch core.outcome(of: read, for: waiting) {
-                case .forward(let owner, let customerId):
-                    self.check(waiting, owner: owner, customerId: customerId, completing: promise)
+                case .forward(let owner, let customerId, let named):
+                    self.check(waiting, owner: owner, customerId: customerId, named: named, completing: promise)
                 case .answer(let answer, let customerId, _):
                     promise.succeed(.answer(answer, customerId: customerId, source: .disk))
                 case let outcome:
@@ -542,7 +582,7 @@ public final class ResolverPool: Sendable {
                 var cold: [EventLoopFuture<(Int, CheckOutcome)>] = []
                 let outcomes = resolver.core.value.check(queries, at: indices) { index in
                     let read = loop.makePromise(of: CheckOutcome.self)
-                    self.readCold(queries[index], customerId: nil, on: resolver, completing: read)
+                    self.readCold(queries[index], on: resolver, completing: read)
                     cold.append(read.futureResult.map { (index, $0) })
                 }
                 part.succeed((outcomes, cold))
@@ -556,9 +596,9 @@ public final class ResolverPool: Sendable {
                 forwards += result.cold
                 for (index, outcome) in zip(share.element, result.outcomes) {
                     switch outcome {
-                    case .forward(let owner, let customerId):
+                    case .forward(let owner, let customerId, let named):
                         let forwarded = loop.makePromise(of: CheckOutcome.self)
-                        self.check(queries[index], owner: owner, customerId: customerId, for: scope, completing: forwarded)
+                        self.check(queries[index], owner: owner, customerId: customerId, named: named, for: scope, completing: forwarded)
                         forwards.append(forwarded.futureResult.map { (index, $0) })
                     case .cold:
                         break  // being read: among `forwards`
@@ -596,7 +636,7 @@ public final class ResolverPool: Sendable {
         let done = self.resolvers.map { resolver in
             let promise = eventLoop.makePromise(of: Void.self)
             Self.onLoop(of: resolver) {
-                resolver.core.value.invalidate(customerIds: customerIds, aliases: aliases)
+                resolver.core.value.invalidate(customerIds: customerIds, aliases: aliases, sequence: write.sequence)
                 promise.succeed()
             }
             return promise.futureResult

@@ -263,9 +263,7 @@ public final class CustomerStore: Sendable {
     /// `seed` first if the directory has none), and replays the log on top.
     public static func open(dataDirectory directory: String, seed: String?, options: Options = Options()) throws -> (CustomerStore, OpenReport) {
         var report = OpenReport()
-        if mkdir(directory, 0o755) != 0, errno != EEXIST {
-            throw SnapshotError(code: .io, path: directory, reason: "cannot create the data directory: \(String(cString: strerror(errno)))")
-        }
+        try FileDescriptor.makeDirectory(directory, what: "the data directory")
         let lockPath = "\(directory)/\(Self.lockFileName)"
         let lockFD = Glibc.open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard lockFD >= 0 else {
@@ -562,6 +560,9 @@ public final class CustomerStore: Sendable {
                         self.makeVisible(effect, sequence: sequence) { committed in
                             completion(.success(WriteOutcome(customerId: effect.customerId, sequence: sequence, created: effect.created, committed: committed)))
                         }
+                    case .failure(let error as InterruptedWrite):
+                        self.failBarriers()
+                        completion(.failure(WriteRefusal(.unavailable, "the write may or may not be stored: the log failed while storing it (\(error)), and the server takes no more writes; after a restart, which replays what reached the disk, send it again (writes are idempotent)")))
                     case .failure(let error):
                         self.failBarriers()
                         completion(.failure(WriteRefusal(.unavailable, "the write was not stored: \(error)")))

@@ -125,6 +125,23 @@ final class FileDescriptor: Sendable {
         }
     }
 
+    /// Creates the directory `path` if it does not exist, and then fsyncs its parent, so
+    /// that the new directory (and what is later made durable in it) survives a power loss.
+    /// `what` names it in the error ("the log directory").
+    static func makeDirectory(_ path: String, what: String) throws {
+        guard mkdir(path, 0o755) == 0 else {
+            guard errno == EEXIST else {
+                throw SnapshotError(code: .io, path: path, reason: "cannot create \(what): \(String(cString: strerror(errno)))")
+            }
+            return
+        }
+        var trimmed = Substring(path)
+        while trimmed.count > 1, trimmed.hasSuffix("/") {
+            trimmed = trimmed.dropLast()
+        }
+        try Self.syncDirectory(of: String(trimmed))
+    }
+
     /// fsyncs the directory holding `path`, so that a rename into it is durable.
     static func syncDirectory(of path: String) throws {
         let directory = path.contains("/") ? String(path[..<path.lastIndex(of: "/")!]) : "."

@@ -121,9 +121,7 @@ public final class WriteAheadLog: Sendable {
         syncMode: SyncMode = .batch,
         visit: ((LogRecord) throws -> Void)? = nil
     ) throws -> (WriteAheadLog, Replay) {
-        if mkdir(directory, 0o755) != 0, errno != EEXIST {
-            throw SnapshotError(code: .io, path: directory, reason: "cannot create the log directory: \(String(cString: strerror(errno)))")
-        }
+        try FileDescriptor.makeDirectory(directory, what: "the log directory")
         var segments = try Self.segments(in: directory)
         if let first = segments.first, first.firstSequence > lastSnapshotSequence + 1 {
             throw SnapshotError(
@@ -532,10 +530,11 @@ public final class WriteAheadLog: Sendable {
             }
         } catch {
             // After a failed write or fsync nothing more is acknowledged: the state of the
-            // file is unknown until the next replay.
+            // file is unknown until the next replay, which may find this batch whole.
             self.state.withLock { $0.failure = "\(error)" }
+            let failure = InterruptedWrite(reason: "\(error)")
             for entry in run {
-                entry.completion(.failure(error))
+                entry.completion(.failure(failure))
             }
         }
     }
@@ -642,4 +641,12 @@ final class DispatchSemaphoreBox: Sendable {
     func wait() {
         self.semaphore.wait()
     }
+}
+
+/// A batch whose write or fsync failed: some or all of its bytes may be on the disk, so
+/// the next start-up's replay may find it whole and apply it. Its writes were neither
+/// acknowledged nor refused: their outcome is unknown until then.
+public struct InterruptedWrite: Error, CustomStringConvertible {
+    public var reason: String
+    public var description: String { self.reason }
 }

@@ -402,6 +402,53 @@ struct CustomerStoreTests {
         store.close()
     }
 
+    /// The disk refuses the log's write (the segment's descriptor is pointed at /dev/full,
+    /// which fails every write with ENOSPC): the write is answered UNAVAILABLE saying its
+    /// outcome is unknown until a restart, later writes are refused, reads go on, and the
+    /// store opens again with every acknowledged write.
+    @Test("a log whose write fails: the write's outcome is unknown, later writes are refused, acknowledged ones survive")
+    func logWriteFails() async throws {
+        let scratch = try ScratchDirectory()
+        let seed = try WriteWorld.snapshot(in: scratch)
+        let directory = scratch.file("data")
+        do {
+            let (store, _) = try CustomerStore.open(dataDirectory: directory, seed: seed)
+            _ = try await store.write(WriteWorld.purchase("alice", "t1"))
+            let segment = try #require(try Self.openDescriptor { $0.hasPrefix(directory + "/") && $0.hasSuffix(".wal") })
+            let full = open("/dev/full", O_WRONLY)
+            #expect(full >= 0 && dup2(full, segment) == segment)
+            close(full)
+            await #expect {
+                try await store.write(WriteWorld.purchase("bob", "t2"))
+            } throws: { error in
+                let refusal = error as? WriteRefusal
+                return refusal?.reason == .unavailable && refusal?.message.hasPrefix("the write may or may not be stored: the log failed while storing it") == true
+                    && refusal?.message.contains("after a restart") == true
+            }
+            await #expect {
+                try await store.write(WriteWorld.purchase("bob", "t3"))
+            } throws: { error in
+                (error as? WriteRefusal)?.reason == .unavailable && "\(error)".hasPrefix("the log failed") && "\(error)".contains("restart")
+            }
+            #expect(try store.isActive("alice") && !store.isActive("bob"))
+            store.close()
+        }
+        let (store, report) = try CustomerStore.open(dataDirectory: directory, seed: nil)
+        #expect(report.replayedRecords == 1)
+        #expect(try store.isActive("alice") && !store.isActive("bob"))
+        store.close()
+    }
+
+    /// The first descriptor of this process whose target path satisfies `matches`.
+    static func openDescriptor(where matches: (String) -> Bool) throws -> Int32? {
+        for name in try FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") {
+            if let fd = Int32(name), let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(name)"), matches(target) {
+                return fd
+            }
+        }
+        return nil
+    }
+
     /// A log written before the NFC rule may name "Zoe\u{308}"; a write of "Zo\u{EB}" (its
     /// NFC spelling, one Swift String with it) is another customer. Before the overlay was
     /// keyed by bytes, the write found and changed the old record, and compaction folded

@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-ingestion test-console test-nearcache test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
+.PHONY: bench run demo-data test deps generate check-generated build test-unit check-deploy test-doors test-ingestion test-events test-console test-nearcache test-asan bench-codec bench-resolver bench-store bench-check bench-thresholds fuzz clean
 
 DEMO_SNAPSHOT ?= .build/demo/demo.snap
 DEMO_DATA ?= .build/demo/data
@@ -35,7 +35,7 @@ demo-data: deps
 	mkdir -p $(dir $(DEMO_SNAPSHOT))
 	.build/release/entitlements snapshot generate --customers $(DEMO_CUSTOMERS) --seed 1 --output $(DEMO_SNAPSHOT)
 
-test: deps check-generated test-unit check-deploy test-doors test-ingestion test-console test-nearcache test-asan
+test: deps check-generated test-unit check-deploy test-doors test-ingestion test-events test-console test-nearcache test-asan
 
 # Side by side with Redis (benchmarks/README.md); BENCH_FLAGS=--quick for a 2 s smoke run.
 bench: deps
@@ -122,6 +122,12 @@ test-ingestion: deps
 	$(SWIFT) build --product entitlements
 	python3 Tests/googleplay/test_googleplay.py .build/debug/entitlements
 	python3 Tests/appstore/test_appstore.py .build/debug/entitlements
+
+# Outbound events (docs/events.md): the server POSTs to a real HTTP receiver that verifies
+# every signature; kill -9, outages, filters, redelivery.
+test-events: deps
+	$(SWIFT) build --product entitlements
+	python3 Tests/events/test_events.py .build/debug/entitlements
 
 # The support console (docs/console.md) in a real browser: Debian's chromium, headless,
 # driven by Selenium (PyPI) through Debian's chromedriver.

@@ -27,6 +27,7 @@ let package = Package(
         .library(name: "EntitlementsConsole", targets: ["EntitlementsConsole"]),
         .library(name: "EntitlementsSecurity", targets: ["EntitlementsSecurity"]),
         .library(name: "EntitlementsIngestion", targets: ["EntitlementsIngestion"]),
+        .library(name: "EntitlementsEvents", targets: ["EntitlementsEvents"]),
         .library(name: "EntitlementsTracing", targets: ["EntitlementsTracing"]),
     ],
     dependencies: [
@@ -134,12 +135,35 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Outbound events (docs/events.md): what a change means for the app's backend,
+        // derived from the change itself, kept in a durable outbox and POSTed, signed, to
+        // each destination with retries. Run as a Service by `entitlements serve`.
+        .target(
+            name: "EntitlementsEvents",
+            dependencies: [
+                "EntitlementsFormats",
+                "EntitlementsMessages",
+                "EntitlementsResolver",
+                "EntitlementsSecurity",
+                "EntitlementsServer",
+                "EntitlementsStore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // Who may do what (docs/security.md): permissions per listener, the token file,
         // TLS and client certificates. No rules about entitlements, no listeners.
         .target(
             name: "EntitlementsSecurity",
             dependencies: [
                 "EntitlementsWire",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -304,7 +328,10 @@ let package = Package(
                 "EntitlementsConsole",
                 "EntitlementsSecurity",
                 "EntitlementsIngestion",
+                "EntitlementsEvents",
                 "EntitlementsTracing",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -357,6 +384,11 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "EntitlementsEventsTests",
+            dependencies: ["EntitlementsEvents", "EntitlementsMessages", "EntitlementsResolver", "EntitlementsSecurity", "EntitlementsStore"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
@@ -458,6 +490,7 @@ let package = Package(
                 "EntitlementsStore",
                 "EntitlementsTools",
                 "EntitlementsWire",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),

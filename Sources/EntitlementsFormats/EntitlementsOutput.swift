@@ -16,7 +16,7 @@ public enum EntitlementsOutput {
         var fields: [(String, JSONValue)] = [
             ("requestDate", .date(response.requestDate)),
             ("validUntil", .date(response.validUntil)),
-            ("entitlements", .object(response.entitlements.map { ($0.id ?? "", Self.json($0)) })),
+            ("entitlements", Self.entitlementsValue(response.entitlements)),
         ]
         if response.staleForMs != 0 {
             fields.append(("staleForMs", .int(Int64(clamping: response.staleForMs))))
@@ -25,6 +25,11 @@ public enum EntitlementsOutput {
             fields.append(("explanation", Self.json(explanation)))
         }
         return JSONValue.object(fields)
+    }
+
+    /// The `entitlements` object of `check --json`: each entitlement by its id.
+    public static func entitlementsValue(_ entitlements: [Entitlement]) -> JSONValue {
+        .object(entitlements.map { ($0.id ?? "", Self.json($0)) })
     }
 
     /// An explained check's `explanation` (CheckEntitlementsRequest.explain).

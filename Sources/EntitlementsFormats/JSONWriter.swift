@@ -9,7 +9,8 @@ public enum JSONValue {
     case array([JSONValue])
     case object([(String, JSONValue)])
 
-    static func date(_ milliseconds: Int64?) -> JSONValue {
+    /// An instant as RFC 3339 UTC with milliseconds, or null when absent.
+    public static func date(_ milliseconds: Int64?) -> JSONValue {
         milliseconds.map { .string(RFC3339.format($0)) } ?? .null
     }
 
@@ -18,7 +19,8 @@ public enum JSONValue {
         value.map { .string($0) } ?? .null
     }
 
-    static func name(_ value: some JSONNamedEnum) -> JSONValue {
+    /// An enum's JSON name, or null for its unset value.
+    public static func name(_ value: some JSONNamedEnum) -> JSONValue {
         value.jsonName.map { .string($0) } ?? .null
     }
 

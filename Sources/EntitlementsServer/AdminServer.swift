@@ -17,14 +17,18 @@ public final class AdminServer: Sendable {
         public var metrics: @Sendable () async -> [UInt8]
         /// The support console (`serve --console`), served under its prefix; nil: none.
         public var console: (any AdminConsole)?
+        /// More calls under their prefixes (the outbound events' `/events`).
+        public var routes: [any AdminConsole]
 
         public init(
             readiness: @escaping @Sendable () -> (ready: Bool, reason: String),
             console: (any AdminConsole)? = nil,
+            routes: [any AdminConsole] = [],
             metrics: @escaping @Sendable () async -> [UInt8]
         ) {
             self.readiness = readiness
             self.console = console
+            self.routes = routes
             self.metrics = metrics
         }
     }
@@ -107,14 +111,13 @@ private final class AdminResponder: HTTP1Responder {
 
     /// The endpoints take no body; the console's calls do.
     var maximumBodyBytes: Int {
-        self.endpoints.console?.maximumBodyBytes ?? 0
+        ([self.endpoints.console].compactMap { $0 } + self.endpoints.routes).map(\.maximumBodyBytes).max() ?? 0
     }
 
-    /// The console, if `head` is for it.
+    /// The console or route `head` is for, if any.
     private func console(for head: HTTPRequestHead) -> (any AdminConsole)? {
-        guard let console = self.endpoints.console else { return nil }
         let path = Self.path(head)
-        return path == console.prefix || path.hasPrefix(console.prefix + "/") ? console : nil
+        return ([self.endpoints.console].compactMap { $0 } + self.endpoints.routes).first { path == $0.prefix || path.hasPrefix($0.prefix + "/") }
     }
 
     private static func path(_ head: HTTPRequestHead) -> String {
@@ -158,8 +161,8 @@ private final class AdminResponder: HTTP1Responder {
             }
             return .later(promise.futureResult)
         default:
-            let console = self.endpoints.console.map { " or \($0.prefix)" } ?? ""
-            return .now(.text(.notFound, "not found; try /healthz, /readyz, /metrics\(console)\n"))
+            let more = ([self.endpoints.console].compactMap { $0 } + self.endpoints.routes).map { ", \($0.prefix)" }.joined()
+            return .now(.text(.notFound, "not found; try /healthz, /readyz, /metrics\(more)\n"))
         }
     }
 

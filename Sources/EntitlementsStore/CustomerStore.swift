@@ -35,11 +35,21 @@ public final class CustomerStore: Sendable {
         /// compaction keeps in `DIR/history/` (``HistoryArchive``); nil keeps nothing (a
         /// history then starts at the last compaction).
         public var historyRetention: Int64?
+        /// Told of each write the log replays at opening (past the snapshot), in order, as
+        /// ``observeCommits(_:)`` is told of each new one: for what is derived from the
+        /// writes and kept apart from the log (the outbound events' outbox).
+        public var replayed: (@Sendable (CommittedWrite) -> Void)?
 
-        public init(syncMode: WriteAheadLog.SyncMode = .batch, compactAfterLogBytes: UInt64? = 64 << 20, historyRetention: Int64? = 7 * 86_400_000) {
+        public init(
+            syncMode: WriteAheadLog.SyncMode = .batch,
+            compactAfterLogBytes: UInt64? = 64 << 20,
+            historyRetention: Int64? = 7 * 86_400_000,
+            replayed: (@Sendable (CommittedWrite) -> Void)? = nil
+        ) {
             self.syncMode = syncMode
             self.compactAfterLogBytes = compactAfterLogBytes
             self.historyRetention = historyRetention
+            self.replayed = replayed
         }
 
         /// The archive of `directory` these options keep, or nil.
@@ -70,6 +80,8 @@ public final class CustomerStore: Sendable {
     /// A write that is now durable and visible to readers.
     public struct CommittedWrite: Sendable {
         public var sequence: UInt64
+        /// When the write was received (Unix milliseconds): the instant its rules used.
+        public var recordedDate: Int64
         public var effect: WriteEffect
         /// The records the write replaced, as readers saw them just before: id -> record
         /// (nil if the customer did not exist).
@@ -171,6 +183,8 @@ public final class CustomerStore: Sendable {
         var compacting = false
         var compactions = 0
         var onCommit: (@Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void)?
+        var observers: [@Sendable (CommittedWrite) -> Void] = []
+        var beforeCompacting: [@Sendable (UInt64) throws -> Void] = []
         /// Fleet mode: where writes go instead of the local log.
         var upstream: (any WriteUpstream)?
         var upstreamApplyWait: Duration = .seconds(1)
@@ -233,6 +247,24 @@ public final class CustomerStore: Sendable {
     /// given when done. Runs on the log's writer thread, in sequence order.
     public func onCommit(_ work: @escaping @Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void) {
         self.state.withLock { $0.onCommit = work }
+    }
+
+    /// Tells `observer` of each write once it is durable and visible, before the
+    /// ``onCommit(_:)`` work and so before it is acknowledged: on the log's writer thread, in
+    /// sequence order, so it must be quick. With ``Options/replayed`` and
+    /// ``beforeCompacting(_:)``, what an observer derives from the writes can be kept
+    /// lazily: every write it was not yet told of durably is still in the log.
+    public func observeCommits(_ observer: @escaping @Sendable (CommittedWrite) -> Void) {
+        self.state.withLock { $0.observers.append(observer) }
+    }
+
+    /// `work` runs before a compaction folds the writes up to a sequence into a snapshot
+    /// (and removes their log), with that sequence. It must make durable what it derived
+    /// from those writes; the last of them may still be being told to the observers (on
+    /// the writer thread, just after they became visible), so it waits for them if it must.
+    /// If it throws, the compaction fails and the log is kept.
+    public func beforeCompacting(_ work: @escaping @Sendable (UInt64) throws -> Void) {
+        self.state.withLock { $0.beforeCompacting.append(work) }
     }
 
     private init(snapshot: SnapshotReader, dataDirectory: String?, log: WriteAheadLog?, lockFD: Int32, options: Options) {
@@ -341,7 +373,7 @@ public final class CustomerStore: Sendable {
         guard let mutation = record.mutation else {
             throw SnapshotError(code: .corrupt, path: logDirectory, reason: "log record \(record.sequence) has no mutation")
         }
-        try self.state.withLock { state in
+        let replayed = try self.state.withLock { state -> CommittedWrite? in
             let snapshot = state.snapshot
             let effect: WriteEffect
             do {
@@ -349,13 +381,29 @@ public final class CustomerStore: Sendable {
             } catch {
                 throw SnapshotError(code: .corrupt, path: logDirectory, reason: "log record \(record.sequence) cannot be applied again: \(error)")
             }
+            let write = self.options.replayed.map { _ in
+                CommittedWrite(sequence: record.sequence, recordedDate: record.recordedDate ?? 0, effect: effect, before: Self.before(effect, in: state))
+            }
             state.latest.apply(effect, sequence: record.sequence)
             state.committed.apply(effect, sequence: record.sequence)
             state.committedSequence = record.sequence
             if case .replicatedWrite = mutation, let date = record.recordedDate {
                 state.lastReplicated = (record.sequence, date)
             }
+            return write
         }
+        if let replayed {
+            self.options.replayed?(replayed)
+        }
+    }
+
+    /// The records `effect` replaces, as readers see them in `state`.
+    private static func before(_ effect: WriteEffect, in state: State) -> [String: CustomerRecord?] {
+        var before: [String: CustomerRecord?] = [:]
+        for id in effect.records.keys {
+            before[id] = .some((try? state.committed.customer(for: id, snapshot: state.snapshot)) ?? nil)
+        }
+        return before
     }
 
     // MARK: Reading
@@ -557,7 +605,7 @@ public final class CustomerStore: Sendable {
                 sequence = try log.enqueue(effect.logged, recordedDate: now, source: source) { result in
                     switch result {
                     case .success(let sequence):
-                        self.makeVisible(effect, sequence: sequence) { committed in
+                        self.makeVisible(effect, sequence: sequence, recordedDate: now) { committed in
                             completion(.success(WriteOutcome(customerId: effect.customerId, sequence: sequence, created: effect.created, committed: committed)))
                         }
                     case .failure(let error as InterruptedWrite):
@@ -581,8 +629,11 @@ public final class CustomerStore: Sendable {
 
     /// A durable write becomes visible: readers see it, the commit work runs (the server
     /// drops cached answers and tells watchers), then it is acknowledged and `done` runs.
-    private func makeVisible(_ effect: WriteEffect, sequence: UInt64, done: @escaping @Sendable (CommittedWrite) -> Void) {
-        let (committed, hook) = self.commit(effect, sequence: sequence)
+    private func makeVisible(_ effect: WriteEffect, sequence: UInt64, recordedDate: Int64, done: @escaping @Sendable (CommittedWrite) -> Void) {
+        let (committed, hook, observers) = self.commit(effect, sequence: sequence, recordedDate: recordedDate)
+        for observer in observers {
+            observer(committed)
+        }
         let finish: @Sendable () -> Void = {
             self.acknowledge(sequence)
             done(committed)
@@ -617,7 +668,7 @@ public final class CustomerStore: Sendable {
                         _ = try log.enqueue(effect.logged, recordedDate: entry.recordedDate) { result in
                             switch result {
                             case .success(let sequence):
-                                self.makeVisible(effect, sequence: sequence) { _ in
+                                self.makeVisible(effect, sequence: sequence, recordedDate: entry.recordedDate) { _ in
                                     if isLast { continuation.resume() }
                                 }
                             case .failure(let error):
@@ -677,18 +728,14 @@ public final class CustomerStore: Sendable {
     }
 
     /// Makes a durable write visible to readers (log writer thread, in sequence order).
-    private func commit(_ effect: WriteEffect, sequence: UInt64) -> (CommittedWrite, (@Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void)?) {
-        let (before, hook) = self.state.withLock { state in
-            var before: [String: CustomerRecord?] = [:]
-            let snapshot = state.snapshot
-            for id in effect.records.keys {
-                before[id] = .some((try? state.committed.customer(for: id, snapshot: snapshot)) ?? nil)
-            }
+    private func commit(_ effect: WriteEffect, sequence: UInt64, recordedDate: Int64) -> (CommittedWrite, (@Sendable (CommittedWrite, @escaping @Sendable () -> Void) -> Void)?, [@Sendable (CommittedWrite) -> Void]) {
+        let (before, hook, observers) = self.state.withLock { state in
+            let before = Self.before(effect, in: state)
             state.committed.apply(effect, sequence: sequence)
             state.committedSequence = sequence
-            return (before, state.onCommit)
+            return (before, state.onCommit, state.observers)
         }
-        return (CommittedWrite(sequence: sequence, effect: effect, before: before), hook)
+        return (CommittedWrite(sequence: sequence, recordedDate: recordedDate, effect: effect, before: before), hook, observers)
     }
 
     /// A write's commit work is done: advance the acknowledged sequence over every write
@@ -879,8 +926,13 @@ public final class CustomerStore: Sendable {
         guard await self.waitUntilApplied(firstOfNewSegment - 1, timeout: nil) else {
             throw WriteRefusal(.unavailable, "the log failed; restart the server to replay it")
         }
-        let (overlay, sequence, old, committedDate) = self.state.withLock { state in
-            (state.committed, state.committedSequence, state.snapshot, state.lastReplicated.flatMap { $0.sequence == state.committedSequence ? $0.committedDate : nil })
+        let (overlay, sequence, old, committedDate, beforeCompacting) = self.state.withLock { state in
+            (state.committed, state.committedSequence, state.snapshot, state.lastReplicated.flatMap { $0.sequence == state.committedSequence ? $0.committedDate : nil }, state.beforeCompacting)
+        }
+        // What was derived from the writes about to leave the log is made durable first:
+        // once the snapshot holds them, replay no longer tells of them.
+        for work in beforeCompacting {
+            try work(sequence)
         }
 
         // 2. Old snapshot + overlay -> a new snapshot, off the cooperative pool. A

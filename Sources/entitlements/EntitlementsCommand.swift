@@ -12,7 +12,7 @@ struct EntitlementsCommand: AsyncParsableCommand {
             ServeCommand.self, CheckCommand.self, WatchCommand.self,
             RecordTransactionCommand.self, UpdateSubscriptionCommand.self, GrantCommand.self, RevokeGrantCommand.self,
             LinkAliasCommand.self, DeleteCustomerCommand.self, SubmitPurchaseCommand.self, AppStoreCommand.self, CompactCommand.self, HealthCommand.self, HistoryCommand.self,
-            SnapshotCommand.self, DatabaseCommand.self, ResolveCommand.self, DemoCommand.self,
+            SnapshotCommand.self, DatabaseCommand.self, ResolveCommand.self, DemoCommand.self, EventsCommand.self,
         ]
     )
 

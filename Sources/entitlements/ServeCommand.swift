@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import EntitlementsConsole
 import EntitlementsDoors
+import EntitlementsEvents
 import EntitlementsFleet
 import EntitlementsIngestion
 import EntitlementsSecurity
@@ -100,6 +101,16 @@ struct ServeCommand: AsyncParsableCommand {
     var webhooksListen: String?
     @Option(help: "Stripe's endpoint signing secrets, one a line (whsec_...; several while one is rolled). Turns on POST /webhooks/stripe.")
     var stripeWebhookSecretFile: String?
+    @Option(help: "POST a signed event to this URL when a customer's access changes (docs/events.md). Repeatable. Needs --data-dir.")
+    var eventWebhook: [String] = []
+    @Option(help: "The signing secrets of the --event-webhook destinations, one a line; each POST carries a signature by each.")
+    var eventWebhookSecretFile: String?
+    @Option(help: "The longest wait between two attempts to deliver an event (default 10m; they start at 1s and double).")
+    var eventRetryMaxInterval: String?
+    @Option(help: "How long an event is retried after its first attempt before it is given up (default 72h).")
+    var eventRetryHorizon: String?
+    @Option(help: "The most bytes of undelivered events DATA-DIR/events keeps (default 1GiB); past it the oldest are dropped, loudly.")
+    var eventOutboxLimit: String?
     @Option(help: "The metadata key naming the user id on a Stripe subscription or customer (default user_id).")
     var stripeCustomerKey: String?
     @Option(help: "Apple Root CA - G3 as a file (PEM or DER, from apple.com/certificateauthority): App Store notifications must chain to it. Turns on POST /webhooks/appstore.")
@@ -217,9 +228,14 @@ struct ServeCommand: AsyncParsableCommand {
             ("grpc-permissions", self.grpcPermissions), ("grpc-anonymous", self.grpcAnonymous), ("admin-anonymous", self.adminAnonymous),
             ("tls-cert", self.tlsCert), ("tls-key", self.tlsKey), ("tls-client-ca", self.tlsClientCa), ("tls-client-permissions", self.tlsClientPermissions),
             ("otlp-endpoint", self.otlpEndpoint), ("trace-sample-ratio", self.traceSampleRatio),
+            ("event-webhook-secret-file", self.eventWebhookSecretFile), ("event-retry-max-interval", self.eventRetryMaxInterval),
+            ("event-retry-horizon", self.eventRetryHorizon), ("event-outbox-limit", self.eventOutboxLimit),
         ]
         for case let (name, value?) in options {
             values[name] = value
+        }
+        if !self.eventWebhook.isEmpty {
+            values["event-webhook"] = self.eventWebhook.joined(separator: " ")
         }
         if self.noTcp {
             values["no-tcp"] = "true"
@@ -277,7 +293,8 @@ struct ServeCommand: AsyncParsableCommand {
                     security: security.admin,
                     endpoints: .init(
                         readiness: { running.describe(readiness.state()) },
-                        console: try settings.bool("console") ? Console { running.server?.methods } : nil
+                        console: try settings.bool("console") ? Console { running.server?.methods } : nil,
+                        routes: try settings.events() != nil ? [EventsAdmin { running.events }] : []
                     ) {
                         await running.server?.refreshMetrics()
                         if let fleet = running.fleet {
@@ -305,12 +322,28 @@ struct ServeCommand: AsyncParsableCommand {
 
         let store: CustomerStore
         var fleet: FleetService?
+        var events: OutboundEvents?
         do {
+            if let configuration = try settings.events() {
+                guard let dataDir = settings.dataDirectory else {
+                    throw ValidationError("--event-webhook needs --data-dir: the events wait for delivery in DATA-DIR/events")
+                }
+                guard try settings.fleetURL() == nil else {
+                    throw ValidationError("--event-webhook is not available in fleet mode yet (docs/events.md, \"Fleet mode\"); run it on a server with --data-dir alone")
+                }
+                events = try OutboundEvents.open(configuration: configuration, directory: "\(dataDir)/events", logger: logger, metrics: factory, now: WallClock.unixMilliseconds())
+            }
             if let url = try settings.fleetURL() {
                 (store, fleet) = try await Self.openFleet(settings, url: url, logger: logger)
                 running.set(fleet: fleet?.tailer)
             } else {
-                store = try Self.openStore(settings)
+                store = try Self.openStore(settings, replayed: events?.replayObserver)
+            }
+            if let events {
+                events.attach(to: store)
+                running.set(events: events)
+                let names = events.configuration.destinations.map(\.name).joined(separator: ", ")
+                Self.say("events: delivering to \(names); \(events.outbox.path) holds \(events.list(failedOnly: false, customerId: nil, limit: .max).count) events")
             }
         } catch {
             Self.say("error: cannot serve: \(error)")
@@ -419,6 +452,11 @@ struct ServeCommand: AsyncParsableCommand {
             // applying while accepted calls finish.
             services.append(.init(service: fleet, successTerminationBehavior: .ignore, failureTerminationBehavior: .gracefullyShutdownGroup))
         }
+        if let events {
+            // Stopped after the server (services stop in reverse order): the writes of the
+            // drain still get their events; the outbox is made durable as it stops.
+            services.append(.init(service: events, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore))
+        }
         services.append(.init(service: service))
         if let ingestion = webhooks.ingestion, let puller = GooglePlayPuller(ingestion: ingestion, methods: server.methods, eventLoop: server.group.next()) {
             // Stopped first (services stop in reverse order): no message is taken once the drain starts.
@@ -493,7 +531,7 @@ struct ServeCommand: AsyncParsableCommand {
         }
     }
 
-    static func openStore(_ settings: ServeSettings) throws -> CustomerStore {
+    static func openStore(_ settings: ServeSettings, replayed: (@Sendable (CustomerStore.CommittedWrite) -> Void)? = nil) throws -> CustomerStore {
         guard let dataDir = settings.dataDirectory else {
             return .readOnly(try SnapshotReader(path: settings.snapshot!))
         }
@@ -501,7 +539,8 @@ struct ServeCommand: AsyncParsableCommand {
         let options = CustomerStore.Options(
             syncMode: try settings.syncMode(),
             compactAfterLogBytes: threshold == 0 ? nil : threshold,
-            historyRetention: try settings.historyRetention()
+            historyRetention: try settings.historyRetention(),
+            replayed: replayed
         )
         let started = ContinuousClock.now
         let (store, report) = try CustomerStore.open(dataDirectory: dataDir, seed: settings.snapshot, options: options)
@@ -578,6 +617,12 @@ final class RunningServer: Sendable {
     }
 
     var server: EntitlementsServer? { self.current.withLock { $0 } }
+    private let outbound = Mutex<OutboundEvents?>(nil)
+    var events: OutboundEvents? { self.outbound.withLock { $0 } }
+
+    func set(events: OutboundEvents) {
+        self.outbound.withLock { $0 = events }
+    }
     var fleet: FleetTailer? { self.tailer.withLock { $0 } }
 
     func set(_ server: EntitlementsServer) {

@@ -4,6 +4,8 @@ import EntitlementsIngestion
 import EntitlementsSecurity
 import EntitlementsServer
 import EntitlementsCache
+import EntitlementsEvents
+import EntitlementsMessages
 import EntitlementsStore
 import EntitlementsTracing
 import Foundation
@@ -87,6 +89,11 @@ struct ServeSettings {
         Key(name: "googleplay-jwks-url", defaultValue: "https://www.googleapis.com/oauth2/v3/certs", help: "Google's keys for the Pub/Sub push tokens"),
         Key(name: "googleplay-pubsub-subscription", defaultValue: nil, help: "pull the notifications from this Pub/Sub subscription, projects/P/subscriptions/S, instead of (or as well as) push"),
         Key(name: "googleplay-pubsub-url", defaultValue: "https://pubsub.googleapis.com", help: "Pub/Sub's base URL for pull (a test's fake, or a private endpoint)"),
+        Key(name: "event-webhook", defaultValue: nil, help: "POST a signed event to this URL when a customer's access changes (docs/events.md); repeatable, or space-separated"),
+        Key(name: "event-webhook-secret-file", defaultValue: nil, help: "the signing secrets of the --event-webhook destinations, one a line; each POST is signed with each"),
+        Key(name: "event-retry-max-interval", defaultValue: "10m", help: "the longest wait between two attempts to deliver an event (they start at 1s and double)"),
+        Key(name: "event-retry-horizon", defaultValue: "72h", help: "how long an event is retried after its first attempt before it is given up"),
+        Key(name: "event-outbox-limit", defaultValue: "1GiB", help: "the most bytes of undelivered events kept in DATA-DIR/events; past it the oldest are dropped, loudly"),
         Key(name: "otlp-endpoint", defaultValue: nil, help: "send a span per call to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (docs/tracing.md); off by default"),
         Key(name: "trace-sample-ratio", defaultValue: "0.01", help: "the share of the traces this server starts that it records, 0 to 1; a caller's sampled trace is always recorded"),
         Key(name: "log-level", defaultValue: "info", help: "trace, debug, info, notice, warning, error or critical"),
@@ -126,6 +133,41 @@ struct ServeSettings {
     }
 
     private(set) var values: [String: Value] = [:]
+    /// The config file's `event-webhooks` list, if any.
+    private(set) var eventDestinations: [DestinationJSON] = []
+    private(set) var eventDestinationsOrigin = ""
+    static let eventWebhooksKey = "event-webhooks"
+
+    /// One destination of the config file's `event-webhooks` (docs/events.md).
+    struct DestinationJSON: Decodable {
+        var url: String
+        var secretFile: String
+        var name: String?
+        var types: [String]?
+        var environment: String?
+
+        enum CodingKeys: String, CodingKey {
+            case url, name, types, environment
+            case secretFile = "secret-file"
+        }
+    }
+
+    /// A config file entry: a setting's value, or the list of event destinations.
+    private enum ConfigEntry: Decodable {
+        case scalar(Scalar)
+        case destinations([DestinationJSON])
+
+        init(from decoder: any Decoder) throws {
+            do {
+                self = .destinations(try decoder.singleValueContainer().decode([DestinationJSON].self))
+            } catch let listError {
+                guard let scalar = try? Scalar(from: decoder) else {
+                    throw listError
+                }
+                self = .scalar(scalar)
+            }
+        }
+    }
 
     /// A config file value: a string, a whole number or a boolean.
     private struct Scalar: Decodable {
@@ -154,9 +196,19 @@ struct ServeSettings {
             }
             let object: [String: Scalar]
             do {
-                object = try JSONDecoder().decode([String: Scalar].self, from: data)
+                var decoded = try JSONDecoder().decode([String: ConfigEntry].self, from: data)
+                if case .destinations(let destinations)? = decoded.removeValue(forKey: Self.eventWebhooksKey) {
+                    self.eventDestinations = destinations
+                    self.eventDestinationsOrigin = "\(configFile): \(Self.eventWebhooksKey)"
+                }
+                object = try decoded.mapValues { entry in
+                    guard case .scalar(let scalar) = entry else { throw ValidationError("") }
+                    return scalar
+                }
             } catch {
-                throw ValidationError("--config \(configFile): not a JSON object of settings (strings, numbers, booleans), e.g. {\"listen\": \"127.0.0.1:7420\"}")
+                throw ValidationError(
+                    "--config \(configFile): not a JSON object of settings (strings, numbers, booleans, and \"\(Self.eventWebhooksKey)\": a list of destinations), e.g. {\"listen\": \"127.0.0.1:7420\"}; \(error)"
+                )
             }
             for (name, scalar) in object {
                 guard Self.keys.contains(where: { $0.name == name }) else {
@@ -365,7 +417,9 @@ struct ServeSettings {
         if console, try self.address("admin") == nil {
             throw ValidationError("--console is served on the admin listener: give --admin HOST:PORT too")
         }
-        let admin = ListenerPolicy(name: "admin", granted: console ? .all : .check, anonymous: adminAnonymous)
+        // So does `events redeliver` (POST /events/redeliver), with outbound events on.
+        let events = self.text("event-webhook") != nil || !self.eventDestinations.isEmpty
+        let admin = ListenerPolicy(name: "admin", granted: console || events ? .all : .check, anonymous: adminAnonymous)
         if adminAnonymous == .none, tokens == nil, tls?.requiresClientCertificates != true {
             throw ValidationError("\(self.origin("admin-anonymous")) none needs --auth-token-file (or --tls-client-ca): else nobody could read /metrics")
         }
@@ -546,6 +600,81 @@ struct ServeSettings {
 }
 
 extension ServeSettings {
+    /// The outbound events' destinations and limits (--event-webhook with
+    /// --event-webhook-secret-file, and the config file's `event-webhooks`); nil when no
+    /// destination is configured.
+    func events() throws -> EventsConfiguration? {
+        var destinations: [EventDestination] = []
+        let urls = (self.text("event-webhook") ?? "").split(whereSeparator: \.isWhitespace).map(String.init)
+        if !urls.isEmpty {
+            guard let path = self.text("event-webhook-secret-file") else {
+                throw ValidationError("\(self.origin("event-webhook")) needs --event-webhook-secret-file FILE: every event is signed (docs/events.md)")
+            }
+            let secrets = try Self.eventSecrets(path, setting: self.origin("event-webhook-secret-file"))
+            for url in urls {
+                destinations.append(EventDestination(url: try Self.eventURL(url, origin: self.origin("event-webhook")), secrets: secrets))
+            }
+        } else if self.text("event-webhook-secret-file") != nil, self.eventDestinations.isEmpty {
+            throw ValidationError("\(self.origin("event-webhook-secret-file")) is set but no --event-webhook URL is")
+        }
+        for (index, entry) in self.eventDestinations.enumerated() {
+            let origin = "\(self.eventDestinationsOrigin)[\(index)]"
+            var types: Set<OutboundEventType>?
+            if let names = entry.types {
+                types = []
+                for name in names {
+                    guard let type = OutboundEventType(rawValue: name) else {
+                        throw ValidationError("\(origin).types: \"\(name)\" is not an event type; the types are \(OutboundEventType.allCases.map(\.rawValue).joined(separator: ", "))")
+                    }
+                    types?.insert(type)
+                }
+            }
+            var environment: Environment?
+            switch entry.environment {
+            case nil: environment = nil
+            case "production": environment = .production
+            case "sandbox": environment = .sandbox
+            case let other?: throw ValidationError("\(origin).environment: \"\(other)\" is not production or sandbox")
+            }
+            destinations.append(EventDestination(
+                name: entry.name,
+                url: try Self.eventURL(entry.url, origin: "\(origin).url"),
+                secrets: try Self.eventSecrets(entry.secretFile, setting: "\(origin).secret-file"),
+                types: types,
+                environment: environment
+            ))
+        }
+        guard !destinations.isEmpty else {
+            return nil
+        }
+        var names = Set<String>()
+        for destination in destinations where !names.insert(destination.name).inserted {
+            throw ValidationError("two event destinations are named \(destination.name); give each a distinct \"name\" in \(Self.eventWebhooksKey)")
+        }
+        let maxInterval = try self.duration("event-retry-max-interval")
+        let horizon = try self.duration("event-retry-horizon")
+        return EventsConfiguration(
+            destinations: destinations,
+            policy: .init(initialInterval: 1_000, maxInterval: max(1_000, maxInterval.nanoseconds / 1_000_000), horizon: horizon.nanoseconds / 1_000_000),
+            outboxLimit: UInt64(try self.bytes("event-outbox-limit"))
+        )
+    }
+
+    private static func eventSecrets(_ path: String, setting: String) throws -> [String] {
+        do {
+            return try SigningSecretsFile.load(path: path, setting: setting, example: "a random string of 32 or more characters")
+        } catch {
+            throw ValidationError(error.message)
+        }
+    }
+
+    private static func eventURL(_ text: String, origin: String) throws -> String {
+        guard text.hasPrefix("http://") || text.hasPrefix("https://"), text.count > "https://".count else {
+            throw ValidationError("\(origin) \"\(text)\" is not an http:// or https:// URL")
+        }
+        return text
+    }
+
     /// --stripe-webhook-secret-file and --stripe-customer-key; nil when Stripe's webhook is off.
     func stripeWebhooks() throws -> StripeWebhookSettings? {
         guard let path = self.text("stripe-webhook-secret-file") else {

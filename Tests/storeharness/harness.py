@@ -31,6 +31,25 @@ def post(port, path, body, headers=None):
         return response.status, payload
 
 
+def start_serve(args, log, ready):
+    """Starts `entitlements serve` with `args`, its output into the file `log`, and waits until
+    every line in `ready` is in it; returns the process, the output so far and the listeners'
+    ports by kind ("" for the framed one, "grpc ", "admin ", "webhooks ")."""
+    import re
+    import time
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(300):
+        log.seek(0)
+        text = log.read()
+        if all(line in text for line in ready):
+            break
+        if process.poll() is not None:
+            raise SystemExit("serve exited:\n" + text)
+        time.sleep(0.1)
+    ports = {kind: int(port) for kind, port in re.findall(r"^(grpc |admin |webhooks |)listening on 127\.0\.0\.1:(\d+)", text, re.M)}
+    return process, text, ports
+
+
 def admin_metric(admin_port, name, **labels):
     """The sum of a Prometheus metric's series with these labels, from the admin listener."""
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin_port, timeout=5).read().decode()

@@ -1,6 +1,5 @@
 import Crypto
 import EntitlementsSecurity
-import Foundation
 
 /// Checks a `Stripe-Signature` header as Stripe documents it ("Verify webhook signatures
 /// manually"): the header is `t=TIMESTAMP,v1=HEX[,v1=HEX...][,v0=...]`; the signed payload is
@@ -24,39 +23,26 @@ public struct StripeSignatureVerifier: Sendable {
         guard let header, !header.isEmpty else {
             throw IngestionRejection(.missingSignature, "no Stripe-Signature header: this endpoint takes only events Stripe signed")
         }
-        var timestamp: Int64?
-        var signatures: [[UInt8]] = []
-        for item in header.split(separator: ",") {
-            let parts = item.split(separator: "=", maxSplits: 1)
-            guard parts.count == 2 else {
-                throw IngestionRejection(.malformedSignature, "Stripe-Signature: \"\(item.prefix(40))\" is not key=value")
-            }
-            switch parts[0].trimmingCharacters(in: .whitespaces) {
-            case "t":
-                guard let value = Int64(parts[1]), value >= 0 else {
-                    throw IngestionRejection(.malformedSignature, "Stripe-Signature: t=\(parts[1].prefix(20)) is not a Unix time")
-                }
-                timestamp = value
-            case "v1":
-                guard let bytes = Self.hex(parts[1]) else {
-                    throw IngestionRejection(.malformedSignature, "Stripe-Signature: a v1 signature is not hexadecimal")
-                }
-                signatures.append(bytes)
-            default:
-                continue  // v0 (test mode's old scheme) and future schemes: not checked
+        let parsed: WebhookSignature.Parsed
+        do {
+            parsed = try WebhookSignature.parse(header)
+        } catch {
+            switch error {
+            case .notKeyValue(let item):
+                throw IngestionRejection(.malformedSignature, "Stripe-Signature: \"\(item)\" is not key=value")
+            case .badTimestamp(let value):
+                throw IngestionRejection(.malformedSignature, "Stripe-Signature: t=\(value) is not a Unix time")
+            case .badSignature:
+                throw IngestionRejection(.malformedSignature, "Stripe-Signature: a v1 signature is not hexadecimal")
             }
         }
-        guard let timestamp else {
+        guard let timestamp = parsed.timestamp else {
             throw IngestionRejection(.malformedSignature, "Stripe-Signature: no timestamp (t=)")
         }
-        guard !signatures.isEmpty else {
+        guard !parsed.signatures.isEmpty else {
             throw IngestionRejection(.malformedSignature, "Stripe-Signature: no v1 signature (only the v1 scheme is accepted)")
         }
-        var signed = Array("\(timestamp).".utf8)
-        signed.append(contentsOf: body)
-        let matches = self.keys.contains { key in
-            signatures.contains { HMAC<SHA256>.isValidAuthenticationCode($0, authenticating: signed, using: key) }
-        }
+        let matches = WebhookSignature.matches(body: body, timestamp: timestamp, signatures: parsed.signatures, keys: self.keys)
         guard matches else {
             throw IngestionRejection(
                 .badSignature,
@@ -72,40 +58,10 @@ public struct StripeSignatureVerifier: Sendable {
         return timestamp
     }
 
-    private static func hex(_ text: Substring) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard !digits.isEmpty, digits.count % 2 == 0 else {
-            return nil
-        }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(digits.count / 2)
-        var index = 0
-        while index < digits.count {
-            guard let high = Self.nibble(digits[index]), let low = Self.nibble(digits[index + 1]) else {
-                return nil
-            }
-            bytes.append(high << 4 | low)
-            index += 2
-        }
-        return bytes
-    }
-
-    private static func nibble(_ digit: UInt8) -> UInt8? {
-        switch digit {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): digit - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): digit - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): digit - UInt8(ascii: "A") + 10
-        default: nil
-        }
-    }
-
     /// Signs `body` at `timestamp` as Stripe does: the header value a test (or a tool
     /// replaying an event by hand) sends.
     public static func header(body: [UInt8], timestamp: Int64, secret: String) -> String {
-        var signed = Array("\(timestamp).".utf8)
-        signed.append(contentsOf: body)
-        let code = HMAC<SHA256>.authenticationCode(for: signed, using: SymmetricKey(data: Array(secret.utf8)))
-        return "t=\(timestamp),v1=" + code.map { String(format: "%02x", $0) }.joined()
+        WebhookSignature.header(body: body, timestamp: timestamp, secrets: [secret])
     }
 }
 
@@ -113,22 +69,11 @@ public struct StripeSignatureVerifier: Sendable {
 /// (`whsec_...`); blank lines and lines starting with `#` are skipped.
 public enum StripeSecretsFile {
     public static func load(path: String) throws -> [String] {
-        let text: String
         do {
-            text = String(decoding: try readWholeFile(path), as: UTF8.self)
+            return try SigningSecretsFile.load(path: path, setting: "--stripe-webhook-secret-file", example: "whsec_...")
         } catch {
-            throw StripeSecretsFileError(message: "--stripe-webhook-secret-file \(path): \(error)")
+            throw StripeSecretsFileError(message: error.message)
         }
-        let secrets = text.split(whereSeparator: \.isNewline)
-            .map { $0.trimmingCharacters(in: .whitespaces) }
-            .filter { !$0.isEmpty && !$0.hasPrefix("#") }
-        guard !secrets.isEmpty else {
-            throw StripeSecretsFileError(message: "--stripe-webhook-secret-file \(path): no secret in it (one signing secret a line, whsec_...)")
-        }
-        if let bad = secrets.firstIndex(where: { $0.contains(where: \.isWhitespace) }) {
-            throw StripeSecretsFileError(message: "--stripe-webhook-secret-file \(path): secret \(bad + 1) has a space in it (one secret a line)")
-        }
-        return secrets
     }
 }
 

@@ -1,0 +1,108 @@
+import EntitlementsEvents
+import EntitlementsMessages
+import Foundation
+import Testing
+
+/// The outbox file: what survives a reopening, a torn last line, damage, a rewrite and the
+/// size limit.
+@Suite("outbound events: the outbox file")
+struct OutboxTests {
+    final class Scratch: Sendable {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("outbox-tests-\(UUID().uuidString)").path
+        var events: String { self.path + "/events" }
+        var file: String { self.events + "/outbox" }
+        deinit { try? FileManager.default.removeItem(atPath: self.path) }
+    }
+
+    static func event(_ sequence: UInt64, _ customer: String, padding: Int = 0) -> OutboundEvent {
+        OutboundEvent(id: "evt_\(sequence)_0", type: .grant, customerId: customer, occurredAt: 1_000 + Int64(sequence), logSequence: sequence,
+                      store: .manual, grantId: String(repeating: "g", count: padding + 1))
+    }
+
+    static func open(_ scratch: Scratch, destinations: [String] = ["d"]) throws -> Outbox {
+        try Outbox.open(directory: scratch.events, destinations: destinations, policy: .init(), now: 5_000).0
+    }
+
+    @Test("events, their bodies and their deliveries' states survive a reopening; delivered ones are dropped")
+    func reopen() throws {
+        let scratch = Scratch()
+        do {
+            let outbox = try Self.open(scratch)
+            outbox.append([Self.event(1, "a"), Self.event(2, "b"), Self.event(3, "a")], destinations: { _ in ["d"] }, through: 3, now: 0)
+            _ = outbox.withLedger { $0.due(for: "d", now: 0, limit: 10) }
+            _ = outbox.record("evt_1_0", destination: "d") { $0.attempted("evt_1_0", destination: "d", delivered: true, result: "HTTP 200", now: 0) }
+            _ = outbox.record("evt_2_0", destination: "d") { $0.attempted("evt_2_0", destination: "d", delivered: false, result: "HTTP 500", now: 0) }
+            try outbox.sync()
+        }
+        let outbox = try Self.open(scratch)
+        #expect(outbox.derivedThrough == 3)
+        let held = outbox.withLedger { $0.ordered }
+        #expect(held.map(\.summary.id) == ["evt_2_0", "evt_3_0"])
+        #expect(held.first?.deliveries["d"]?.status == .retrying && held.first?.deliveries["d"]?.attempts == 1)
+        #expect(try outbox.body(of: held[1]) == Self.event(3, "a").body)
+        // Appending an event already held (derived again after a crash) changes nothing.
+        #expect(outbox.append([Self.event(3, "a")], destinations: { _ in ["d"] }, through: nil, now: 0).isEmpty)
+    }
+
+    @Test("a torn last line is cut off; a damaged line with more after it refuses to open, naming its offset")
+    func tornAndDamaged() throws {
+        let scratch = Scratch()
+        do {
+            let outbox = try Self.open(scratch)
+            outbox.append([Self.event(1, "a"), Self.event(2, "a")], destinations: { _ in ["d"] }, through: 2, now: 0)
+            try outbox.sync()
+        }
+        let whole = try Data(contentsOf: URL(fileURLWithPath: scratch.file))
+        // Cut in the middle of the last event's line (a crash while appending it).
+        let lastEvent = try #require(whole.indices.last { whole[$0] == UInt8(ascii: "E") && (($0 == 0) || whole[$0 - 1] == UInt8(ascii: "\n")) })
+        try whole.prefix(lastEvent + 40).write(to: URL(fileURLWithPath: scratch.file))
+        do {
+            let (outbox, opened) = try Outbox.open(directory: scratch.events, destinations: ["d"], policy: .init(), now: 0)
+            #expect(opened.tornBytes > 0)
+            #expect(outbox.withLedger { $0.ordered.map(\.summary.id) } == ["evt_1_0"], "the torn event is derived again from the log")
+        }
+        var damaged = whole
+        let middle = damaged.count / 2
+        damaged[middle] ^= 0x01
+        try damaged.write(to: URL(fileURLWithPath: scratch.file))
+        #expect {
+            _ = try Self.open(scratch)
+        } throws: { error in
+            "\(error)".contains("fails its checksum and more follows") && "\(error)".contains("move it aside")
+        }
+    }
+
+    @Test("a rewrite keeps the undelivered events with their bodies, and the file shrinks")
+    func rewrite() throws {
+        let scratch = Scratch()
+        let outbox = try Self.open(scratch)
+        let events = (1...200).map { Self.event(UInt64($0), "c\($0 % 7)", padding: 10_000) }
+        outbox.append(events, destinations: { _ in ["d"] }, through: 200, now: 0)
+        for _ in 0..<30 {
+            for entry in outbox.withLedger({ $0.due(for: "d", now: 0, limit: 100) }) where entry.summary.logSequence <= 190 {
+                _ = outbox.record(entry.summary.id, destination: "d") { $0.attempted(entry.summary.id, destination: "d", delivered: true, result: "HTTP 200", now: 0) }
+            }
+        }
+        let before = outbox.sizes.file
+        #expect(try outbox.compact(now: 0))
+        #expect(outbox.sizes.file < before / 5)
+        let held = outbox.withLedger { $0.ordered }
+        #expect(held.map(\.summary.logSequence) == Array(191...200))
+        for entry in held {
+            #expect(try outbox.body(of: entry) == events[Int(entry.summary.logSequence) - 1].body)
+        }
+        let reopened = try Self.open(scratch)
+        #expect(reopened.withLedger { $0.ordered.count } == 10 && reopened.derivedThrough == 200)
+    }
+
+    @Test("past the limit the oldest undelivered events are dropped, given up")
+    func limit() throws {
+        let scratch = Scratch()
+        let outbox = try Self.open(scratch)
+        outbox.append((1...10).map { Self.event(UInt64($0), "c", padding: 1_000) }, destinations: { _ in ["d"] }, through: 10, now: 0)
+        let dropped = outbox.enforce(limit: outbox.sizes.live * 6 / 10, now: 0)
+        #expect(dropped.count == 5 && dropped.first == "evt_1_0")
+        #expect(outbox.withLedger { $0.ordered.first?.summary.id } == "evt_6_0")
+        #expect(outbox.withLedger { $0.due(for: "d", now: 0, limit: 5).map(\.summary.id) } == ["evt_6_0"])
+    }
+}

@@ -218,6 +218,7 @@ let package = Package(
         .target(
             name: "EntitlementsFleet",
             dependencies: [
+                "EntitlementsEvents",
                 "EntitlementsWire",
                 "EntitlementsFormats",
                 "EntitlementsMessages",

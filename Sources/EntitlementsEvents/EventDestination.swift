@@ -94,10 +94,11 @@ struct TimeSchedule: Sendable {
         self.current[customerId]?.at
     }
 
-    /// The customers due by `now`, each with its instant, taken off the schedule.
-    mutating func takeDue(now: Int64) -> [(customerId: String, at: Int64)] {
+    /// The customers due by `now` (at most `limit`), each with its instant, taken off the
+    /// schedule.
+    mutating func takeDue(now: Int64, limit: Int = .max) -> [(customerId: String, at: Int64)] {
         var due: [(String, Int64)] = []
-        while let top = self.heap.min, top.at <= now {
+        while due.count < limit, let top = self.heap.min, top.at <= now {
             _ = self.heap.removeMin()
             guard let current = self.current[top.customerId], current.generation == top.generation else {
                 continue

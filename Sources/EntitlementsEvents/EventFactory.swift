@@ -17,11 +17,13 @@ public struct EventFactory: Sendable {
     /// The events of `write`, customer by customer (by id), each customer's in the order
     /// of ``EventDerivation``; and each changed customer's next `validUntil` after the
     /// write (nil: the answer never changes by time; a deleted customer has none).
-    public func events(of write: CustomerStore.CommittedWrite) -> (events: [OutboundEvent], nextChange: [String: Int64?]) {
+    /// A customer in `instants` is read at that instant rather than at the write's (a time
+    /// event already said what its answer was then).
+    public func events(of write: CustomerStore.CommittedWrite, at instants: [String: Int64] = [:]) -> (events: [OutboundEvent], nextChange: [String: Int64?]) {
         var events: [OutboundEvent] = []
         var nextChange: [String: Int64?] = [:]
-        let instant = write.recordedDate
         for (customerId, after) in write.effect.records.sorted(by: { $0.key < $1.key }) {
+            let instant = instants[customerId] ?? write.recordedDate
             let before = write.before[customerId] ?? nil
             var derived: [(DerivedEvent, Environment?, [Entitlement], [Entitlement])] = []
             let environments = Self.environments(before, after)

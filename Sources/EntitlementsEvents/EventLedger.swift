@@ -20,7 +20,7 @@ public struct EventLedger: Sendable {
     }
 
     /// One event's delivery to one destination.
-    public struct Delivery: Sendable, Hashable {
+    public struct Delivery: Sendable, Hashable, Codable {
         public var status: Status = .pending
         public var attempts = 0
         public var firstAttemptAt: Int64?
@@ -56,6 +56,9 @@ public struct EventLedger: Sendable {
         /// stale and skipped.
         var ready = Heap<ReadyCustomer>()
         var generations: [String: UInt64] = [:]
+        /// Generations are drawn from one counter, so that a customer's entry made stale
+        /// before its queue emptied can never match a later one.
+        var nextGeneration: UInt64 = 0
         var inFlight: Set<String> = []
         /// Answered 410 Gone: nothing more is sent to it until a restart.
         var disabled: String?
@@ -139,7 +142,8 @@ public struct EventLedger: Sendable {
 
     private mutating func makeReady(_ customer: String, lane name: String, at instant: Int64) {
         var lane = self.lanes[name]!
-        let generation = (lane.generations[customer] ?? 0) &+ 1
+        lane.nextGeneration &+= 1
+        let generation = lane.nextGeneration
         lane.generations[customer] = generation
         lane.ready.append(ReadyCustomer(at: instant, customerId: customer, generation: generation))
         self.lanes[name] = lane
@@ -205,18 +209,27 @@ public struct EventLedger: Sendable {
         return delivery
     }
 
-    /// Replays a recorded delivery state (the outbox's journal at opening).
-    public mutating func restore(_ id: String, destination: String, delivery: Delivery, now: Int64) {
-        guard var entry = self.entries[id], let old = entry.deliveries[destination], !old.isSettled else {
-            return
+    /// Replays a recorded delivery state (the outbox's journal at opening, or an outcome
+    /// another server of a fleet recorded): ignored for an event settled here, or older
+    /// than what is known here. Returns the state applied.
+    /// (`replaying`: the outbox's own journal, in order, where a later line always wins.)
+    @discardableResult
+    public mutating func restore(_ id: String, destination: String, delivery: Delivery, now: Int64, replaying: Bool = false) -> Delivery? {
+        guard var entry = self.entries[id], let old = entry.deliveries[destination], !old.isSettled,
+            replaying || delivery.isSettled || delivery.attempts >= old.attempts, delivery != old
+        else {
+            return nil
         }
         entry.deliveries[destination] = delivery
         self.entries[id] = entry
         if delivery.isSettled {
             self.settle(entry, destination: destination, now: now)
-        } else if let next = delivery.nextAttemptAt, self.lanes[destination]?.queues[entry.summary.customerId]?.first == id {
+        } else if let next = delivery.nextAttemptAt, self.lanes[destination]?.queues[entry.summary.customerId]?.first == id,
+            self.lanes[destination]?.inFlight.contains(entry.summary.customerId) != true
+        {
             self.makeReady(entry.summary.customerId, lane: destination, at: next)
         }
+        return delivery
     }
 
     private mutating func afterAttempt(_ entry: Entry, _ delivery: Delivery, destination: String, now: Int64) {
@@ -297,13 +310,17 @@ public struct EventLedger: Sendable {
         return true
     }
 
-    /// Forgets event `id` (settled everywhere, or dropped).
+    /// Forgets event `id` (settled everywhere, or dropped). One being sent is let go: its
+    /// outcome, when it comes, changes nothing, and its customer's next event is ready.
     public mutating func remove(_ id: String, now: Int64) {
         guard var entry = self.entries[id] else {
             return
         }
         for destination in entry.destinations where !(entry.deliveries[destination]?.isSettled ?? true) {
             entry.deliveries[destination]?.status = .givenUp
+            if self.lanes[destination]?.queues[entry.summary.customerId]?.first == id {
+                self.lanes[destination]?.inFlight.remove(entry.summary.customerId)
+            }
             self.settle(entry, destination: destination, now: now)
         }
         self.entries[id] = nil

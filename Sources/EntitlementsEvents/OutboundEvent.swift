@@ -123,3 +123,17 @@ public struct EventSummary: Sendable, Hashable, Codable {
         self.occurredAt = occurredAt
     }
 }
+
+/// An event as the outbox keeps it and a fleet's servers share it: its summary, the
+/// destinations that want it, and its body as sent.
+public struct SharedEvent: Sendable {
+    public var summary: EventSummary
+    public var destinations: [String]
+    public var body: [UInt8]
+
+    public init(summary: EventSummary, destinations: [String], body: [UInt8]) {
+        self.summary = summary
+        self.destinations = destinations
+        self.body = body
+    }
+}

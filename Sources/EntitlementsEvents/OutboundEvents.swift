@@ -27,33 +27,108 @@ public final class OutboundEvents: Service, Sendable {
     let metrics: EventMetrics
     /// Set by ``attach(to:)``.
     private let attached = Mutex<(store: CustomerStore, factory: EventFactory)?>(nil)
-    /// Replayed writes past the outbox, kept until ``attach(to:)`` can derive them (the
-    /// factory needs the store's catalog). Nil once attached.
-    private let replay = Mutex<[CustomerStore.CommittedWrite]?>([])
-    private let schedule = Mutex(TimeSchedule())
-    /// Whether the start-up scan of every customer's time changes has finished (until then
-    /// the outbox's time cursor stays where it was).
-    private let scanned = Atomic<Bool>(false)
+    /// The writes the store replayed that the outbox had not made durable.
+    private let replay: EventReplay
+    /// What time events are derived from, under one lock that a write's derivation, the
+    /// time loop and the start-up scan each hold while they derive and append a customer's
+    /// events: so a customer's time events and write events reach the outbox in the order
+    /// they happened.
+    struct TimeState {
+        var schedule = TimeSchedule()
+        /// Until the start-up scan has read every customer: the instant from which it
+        /// derives what time changed while the server was down, and the customers that a
+        /// write reached first (the write derived their time events; the scan skips them).
+        var scanFrom: Int64?
+        var handled: Set<String> = []
+        var scanned = false
+        /// The instant of each customer's last time event, for a while: a write received
+        /// before it but made visible after it is read at that instant, so that its events
+        /// follow from what the time event said.
+        var lastTimeEvent: [String: Int64] = [:]
+    }
+
+    private let time = Mutex(TimeState())
+    /// Set when the service stops: the start-up scan (on a thread of its own) stops too.
+    private let stopping = StopFlag()
+
+    final class StopFlag: Sendable {
+        private let value = Atomic<Bool>(false)
+        var isSet: Bool { self.value.load(ordering: .relaxed) }
+        func set() { self.value.store(true, ordering: .relaxed) }
+    }
     /// Whether the outbox was created by this start: the writes the log replays are older
     /// than the events, and not derived.
-    private let fresh: Bool
+    /// Fleet mode: who shares with whom, and who delivers, and this server's name in the
+    /// lease (set by ``attach(to:coordinator:holder:)``; nil: this server delivers).
+    private let coordination = Mutex<(coordinator: any EventCoordinator, holder: String)?>(nil)
+    private var coordinator: (any EventCoordinator)? { self.coordination.withLock { $0?.coordinator } }
+    var holder: String { self.coordination.withLock { $0?.holder } ?? "" }
+    /// Until when (uptime milliseconds) this server may send: its lease, less a margin.
+    /// Without a coordinator, always.
+    private let mayDeliverUntil = Atomic<Int64>(0)
+    /// Derived here, not yet shared; outcomes and requests not yet recorded.
+    private let unshared = Mutex<[SharedEvent]>([])
+    private let unrecorded = Mutex<[SharedDelivery]>([])
+    /// Delivery states read from the fleet for events this server has not derived yet (its
+    /// tailer is behind): applied when the event arrives. Bounded by ``parkedLimit``.
+    private let parked = Mutex<[String: [SharedDelivery]]>([:])
+    static let parkedLimit = 100_000
+    /// How long a lease lasts, and how often its holder renews it.
+    public static let leaseDuration: Duration = .seconds(10)
+    static let leaseRenewal: Duration = .seconds(2)
 
-    /// Opens the outbox in `directory` (`DATA-DIR/events`).
-    public static func open(configuration: EventsConfiguration, directory: String, logger: Logger, metrics factory: any MetricsFactory, now: Int64) throws -> OutboundEvents {
-        let (outbox, opened) = try Outbox.open(directory: directory, destinations: configuration.destinations.map(\.name), policy: configuration.policy, now: now)
+    /// Opens the outbox in `replay`'s directory (`DATA-DIR/events`), once `store` is open
+    /// (and holds its data directory's lock). A new outbox starts after the store's last
+    /// write: earlier writes send nothing.
+    public static func open(
+        configuration: EventsConfiguration,
+        replay: EventReplay,
+        store: CustomerStore,
+        logger: Logger,
+        metrics factory: any MetricsFactory,
+        now: Int64
+    ) throws -> OutboundEvents {
+        let (outbox, opened) = try Outbox.open(
+            directory: replay.directory,
+            destinations: configuration.destinations.map(\.name),
+            policy: configuration.policy,
+            startingAfter: store.committedSequence,
+            now: now
+        )
         if opened.tornBytes > 0 {
             logger.notice("events: cut a torn last line of \(opened.tornBytes) bytes from \(outbox.path); its writes' events are derived again from the log")
         }
-        return OutboundEvents(configuration: configuration, outbox: outbox, fresh: opened.created, logger: logger, metrics: EventMetrics(destinations: configuration.destinations.map(\.name), factory: factory))
+        return OutboundEvents(
+            configuration: configuration,
+            outbox: outbox,
+            replay: replay,
+            logger: logger,
+            metrics: EventMetrics(destinations: configuration.destinations.map(\.name), factory: factory)
+        )
     }
 
-    init(configuration: EventsConfiguration, outbox: Outbox, fresh: Bool, logger: Logger, metrics: EventMetrics) {
+    init(configuration: EventsConfiguration, outbox: Outbox, replay: EventReplay, logger: Logger, metrics: EventMetrics) {
         self.configuration = configuration
         self.outbox = outbox
-        self.fresh = fresh
+        self.replay = replay
         self.logger = logger
         self.metrics = metrics
     }
+
+    /// Whether this server sends now: always on its own; in a fleet, while it holds the
+    /// lease (with a margin before it runs out).
+    public var isDelivering: Bool {
+        self.mayDeliverUntil.load(ordering: .relaxed) > Self.uptime()
+    }
+
+    /// Milliseconds on the monotonic clock since the process first asked (a lease's end is
+    /// kept on it, so that a change of the wall clock cannot stretch it).
+    static func uptime() -> Int64 {
+        let elapsed = ContinuousClock.now - Self.origin
+        return elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000
+    }
+
+    private static let origin = ContinuousClock.now
 
     /// The events' own client, for one run: a refused connection fails the attempt at once
     /// (the process-wide client retries connecting until the request's deadline, which
@@ -69,34 +144,27 @@ public final class OutboundEvents: Service, Sendable {
 
     // MARK: Deriving
 
-    /// The store's replay of its log at opening: writes the outbox had not made durable are
-    /// derived again once attached.
-    public func replayed(_ write: CustomerStore.CommittedWrite) {
-        guard !self.fresh, write.sequence > self.outbox.derivedThrough else {
-            return
-        }
-        self.replay.withLock { $0?.append(write) }
-    }
-
-    /// ``replayed(_:)``, as `CustomerStore.Options.replayed` takes it.
-    public var replayObserver: @Sendable (CustomerStore.CommittedWrite) -> Void {
-        { [self] write in self.replayed(write) }
-    }
-
     /// Starts deriving from `store`: the replayed writes first, then every commit (before it
     /// is acknowledged), and makes the outbox durable before a compaction drops log records.
-    public func attach(to store: CustomerStore) {
+    /// In a fleet, `coordinator` shares the events and the delivery with the other servers,
+    /// and `holder` names this one in the lease; without one this server delivers
+    /// everything itself.
+    public func attach(to store: CustomerStore, coordinator: (any EventCoordinator)? = nil, holder: String = "") {
+        if let coordinator {
+            self.coordination.withLock { $0 = (coordinator, holder) }
+        } else {
+            self.mayDeliverUntil.store(.max, ordering: .relaxed)
+        }
         let factory = EventFactory(catalog: store.catalog)
+        // What time changed while events were off, or the server down, is derived from the
+        // outbox's cursor (by the start-up scan, or by a write that reaches a customer
+        // first), but never from more than the retry horizon ago: older changes would only
+        // be given up.
+        let now = WallClock.unixMilliseconds()
+        self.time.withLock { $0.scanFrom = max(self.outbox.timeCursor, now - self.configuration.policy.horizon) }
         self.attached.withLock { $0 = (store, factory) }
-        let pending = self.replay.withLock { pending -> [CustomerStore.CommittedWrite] in
-            defer { pending = nil }
-            return pending ?? []
-        }
-        for write in pending {
+        for write in self.replay.take() where write.sequence > self.outbox.derivedThrough {
             self.derive(write, factory: factory, now: write.recordedDate)
-        }
-        if self.fresh {
-            try? self.outbox.sync(through: store.committedSequence)
         }
         store.observeCommits { [self] write in
             self.derive(write, factory: factory, now: WallClock.unixMilliseconds())
@@ -118,20 +186,32 @@ public final class OutboundEvents: Service, Sendable {
     /// Derives `write`'s events (and first, for each customer it changed, the time events
     /// due before it), and appends them.
     private func derive(_ write: CustomerStore.CommittedWrite, factory: EventFactory, now: Int64) {
-        var events: [OutboundEvent] = []
-        for (customerId, before) in write.before {
-            guard let before, let due = self.schedule.withLock({ $0.next(of: customerId) }), due <= write.recordedDate else {
-                continue
+        self.time.withLock { time in
+            var events: [OutboundEvent] = []
+            var instants: [String: Int64] = [:]
+            for (customerId, before) in write.before {
+                var due = time.schedule.next(of: customerId)
+                if let from = time.scanFrom, !time.scanned, time.handled.insert(customerId).inserted, let before {
+                    // The scan has not read this customer yet: what time changed since the
+                    // cursor comes first.
+                    due = factory.nextChange(of: before, after: from)
+                }
+                if let before, let first = due, first <= write.recordedDate {
+                    let found = self.timeEvents(of: before, from: first, until: write.recordedDate, factory: factory, logSequence: write.sequence &- 1).events
+                    events += found
+                    if let last = found.last?.occurredAt {
+                        time.lastTimeEvent[customerId] = last
+                    }
+                }
+                if let last = time.lastTimeEvent[customerId], last > write.recordedDate {
+                    instants[customerId] = last
+                }
             }
-            events += self.timeEvents(of: before, from: due, until: write.recordedDate, factory: factory, logSequence: write.sequence &- 1).events
-        }
-        let derived = factory.events(of: write)
-        events += derived.events
-        let added = self.outbox.append(events, destinations: self.destinations(for:), through: write.sequence, now: now)
-        self.metrics.derived(added)
-        self.schedule.withLock { schedule in
+            let derived = factory.events(of: write, at: instants)
+            events += derived.events
+            self.keep(events, through: write.sequence, now: now)
             for (customerId, next) in derived.nextChange {
-                schedule.set(customerId, at: next)
+                time.schedule.set(customerId, at: next)
             }
         }
     }
@@ -155,6 +235,28 @@ public final class OutboundEvents: Service, Sendable {
         self.configuration.destinations.filter { $0.wants(event) }.map(\.name)
     }
 
+    /// Appends derived events to the outbox (those held already are skipped) and, in a
+    /// fleet, queues the new ones to be shared.
+    private func keep(_ events: [OutboundEvent], through: UInt64?, now: Int64) {
+        let added = self.outbox.append(events, destinations: self.destinations(for:), through: through, now: now)
+        self.metrics.derived(added.count)
+        if self.coordinator != nil, !added.isEmpty {
+            self.unshared.withLock { $0 += added }
+            self.unpark(added)
+        }
+    }
+
+    /// Applies the delivery states that waited for `events`.
+    private func unpark(_ events: [SharedEvent]) {
+        let waiting = self.parked.withLock { parked -> [SharedDelivery] in
+            guard !parked.isEmpty else { return [] }
+            return events.flatMap { parked.removeValue(forKey: $0.summary.id) ?? [] }
+        }
+        if !waiting.isEmpty {
+            self.apply(waiting)
+        }
+    }
+
     // MARK: Running
 
     public func run() async throws {
@@ -163,13 +265,25 @@ public final class OutboundEvents: Service, Sendable {
             group.addTask { await self.scanTimeChanges() }
             group.addTask { await self.timeLoop() }
             group.addTask { await self.maintenanceLoop() }
+            if let coordinator = self.coordinator {
+                group.addTask { await self.coordinationLoop(coordinator) }
+            }
             for destination in self.configuration.destinations {
                 group.addTask { await self.deliveryLoop(destination, client: client) }
             }
             try? await gracefulShutdown()
+            self.stopping.set()
             group.cancelAll()
         }
         try? await client.shutdown()
+        if let coordinator = self.coordinator {
+            let held = self.isDelivering
+            self.mayDeliverUntil.store(0, ordering: .relaxed)
+            try? await self.flush(coordinator)
+            if held {
+                try? await coordinator.release(holder: self.holder)
+            }
+        }
         do {
             try self.outbox.sync()
         } catch {
@@ -184,8 +298,9 @@ public final class OutboundEvents: Service, Sendable {
         guard let (store, factory) = self.attached.withLock({ $0 }) else {
             return
         }
-        let cursor = self.outbox.timeCursor
         let started = WallClock.unixMilliseconds()
+        let cursor = self.time.withLock { $0.scanFrom } ?? started
+        let stopping = self.stopping
         let outcome: Result<Int, any Error> = await withCheckedContinuation { continuation in
             DispatchQueue(label: "entitlements.events.scan").async {
                 var customers = 0
@@ -193,31 +308,35 @@ public final class OutboundEvents: Service, Sendable {
                     try store.forEachCustomer { record in
                         guard let id = record.id else { return true }
                         customers += 1
-                        let first = factory.nextChange(of: record, after: cursor)
-                        let (events, next) = self.timeEvents(of: record, from: first ?? .max, until: started, factory: factory, logSequence: store.committedSequence)
-                        if !events.isEmpty {
-                            self.metrics.derived(self.outbox.append(events, destinations: self.destinations(for:), through: nil, now: started))
-                        }
-                        self.schedule.withLock { schedule in
-                            if schedule.next(of: id) == nil {
-                                schedule.set(id, at: next)
+                        self.time.withLock { time in
+                            // A customer a write reached first had its time events derived by it.
+                            guard !time.handled.contains(id) else { return }
+                            let first = factory.nextChange(of: record, after: cursor)
+                            let (events, next) = self.timeEvents(of: record, from: first ?? .max, until: started, factory: factory, logSequence: store.committedSequence)
+                            if !events.isEmpty {
+                                self.keep(events, through: nil, now: started)
+                            }
+                            if time.schedule.next(of: id) == nil {
+                                time.schedule.set(id, at: next)
                             }
                         }
-                        return !Task.isCancelled
+                        return !stopping.isSet
                     }
                     return customers
                 }
                 continuation.resume(returning: result)
             }
         }
+        self.time.withLock { time in
+            time.scanned = true
+            time.handled = []
+        }
         switch outcome {
         case .success(let customers):
             self.outbox.timeDerived(through: started)
-            self.scanned.store(true, ordering: .releasing)
             self.logger.info("events: read the time changes of \(customers) customers in \(WallClock.unixMilliseconds() - started) ms")
         case .failure(let error):
             self.logger.error("events: cannot read the customers' time changes: \(error); time events are derived only for customers written from now on")
-            self.scanned.store(true, ordering: .releasing)
         }
     }
 
@@ -226,25 +345,39 @@ public final class OutboundEvents: Service, Sendable {
         while !Task.isCancelled {
             let now = WallClock.unixMilliseconds()
             if let (store, factory) = self.attached.withLock({ $0 }) {
-                let due = self.schedule.withLock { $0.takeDue(now: now) }
-                var events: [OutboundEvent] = []
-                for (customerId, at) in due {
-                    guard let record = try? store.customer(for: customerId), record.id == customerId else {
-                        continue
+                // One customer at a time under the lock: a write to it waits, or goes first.
+                while let failure = self.time.withLock({ time -> String?? in
+                    guard let (customerId, at) = time.schedule.takeDue(now: now, limit: 1).first else {
+                        return nil
+                    }
+                    let record: CustomerRecord?
+                    do {
+                        record = try store.customer(for: customerId)
+                    } catch {
+                        time.schedule.set(customerId, at: at)  // tried again at the next tick
+                        return .some("events: cannot read customer \(customerId) for its time events: \(error); trying again")
+                    }
+                    guard let record, record.id == customerId else {
+                        return .some(nil)  // deleted (or its id is now an alias): nothing by time
                     }
                     let (found, next) = self.timeEvents(of: record, from: at, until: now, factory: factory, logSequence: store.committedSequence)
-                    events += found
-                    self.schedule.withLock { schedule in
-                        if schedule.next(of: customerId) == nil {
-                            schedule.set(customerId, at: next)
-                        }
+                    if !found.isEmpty {
+                        self.keep(found, through: nil, now: now)
+                        time.lastTimeEvent[customerId] = found.last?.occurredAt
+                    }
+                    time.schedule.set(customerId, at: next)
+                    return .some(nil)
+                }) {
+                    if let failure {
+                        self.logger.warning("\(failure)")
+                        break
                     }
                 }
-                if !events.isEmpty {
-                    self.metrics.derived(self.outbox.append(events, destinations: self.destinations(for:), through: nil, now: now))
-                }
-                if self.scanned.load(ordering: .acquiring) {
-                    self.outbox.timeDerived(through: now)
+                self.time.withLock { time in
+                    time.lastTimeEvent = time.lastTimeEvent.filter { now - $0.value < 60_000 }
+                    if time.scanned {
+                        self.outbox.timeDerived(through: now)
+                    }
                 }
             }
             try? await Task.sleep(for: .milliseconds(50))
@@ -291,6 +424,119 @@ public final class OutboundEvents: Service, Sendable {
         }
     }
 
+    /// Fleet mode, four times a second: shares what was derived here, records the outcomes
+    /// (and redelivery requests) made here, reads back what the others shared and
+    /// recorded, and every 2 s takes or renews the lease. The lease is only taken right
+    /// after a read, so that a new holder knows what its predecessor delivered; a holder
+    /// that cannot renew stops sending before its lease runs out.
+    private func coordinationLoop(_ coordinator: any EventCoordinator) async {
+        var eventCursor: Int64 = 0
+        var deliveryCursor: Int64 = 0
+        var nextLease = ContinuousClock.now
+        var nextPrune = ContinuousClock.now + .seconds(60)
+        var failing = false
+        while !Task.isCancelled {
+            do {
+                try await self.flush(coordinator)
+                while true {
+                    let (deliveries, cursor) = try await coordinator.deliveries(after: deliveryCursor, limit: 1_000)
+                    deliveryCursor = cursor
+                    self.apply(deliveries)
+                    if deliveries.count < 1_000 { break }
+                }
+                while true {
+                    let (events, cursor) = try await coordinator.events(after: eventCursor, limit: 500)
+                    eventCursor = cursor
+                    if !events.isEmpty {
+                        self.unpark(self.outbox.append(events, now: WallClock.unixMilliseconds()))
+                    }
+                    if events.count < 500 { break }
+                }
+                if ContinuousClock.now >= nextLease {
+                    nextLease = ContinuousClock.now + Self.leaseRenewal
+                    let asked = Self.uptime()
+                    let held = try await coordinator.lease(holder: self.holder, for: Self.leaseDuration)
+                    let was = self.isDelivering
+                    let margin = Self.leaseRenewal.components.seconds * 1000
+                    self.mayDeliverUntil.store(held ? asked + Self.leaseDuration.components.seconds * 1000 - margin : 0, ordering: .relaxed)
+                    if held != was {
+                        self.logger.notice(held ? "events: this server delivers the fleet's events (it holds the lease, \(self.holder))" : "events: another server delivers the fleet's events")
+                    }
+                }
+                if self.isDelivering, ContinuousClock.now >= nextPrune {
+                    nextPrune = ContinuousClock.now + .seconds(60)
+                    try await coordinator.prune(deliveredBefore: .seconds(7 * 86_400))
+                }
+                if failing {
+                    failing = false
+                    self.logger.notice("events: PostgreSQL answers again; sharing and recording resumed")
+                }
+            } catch {
+                if !failing {
+                    failing = true
+                    self.logger.warning("events: cannot share with the fleet (\(error)); what was derived and delivered here waits, and the lease runs out if this server holds it")
+                }
+            }
+            try? await Task.sleep(for: .milliseconds(250))
+        }
+    }
+
+    /// Shares the events derived here and records the outcomes made here; what fails stays
+    /// queued.
+    private func flush(_ coordinator: any EventCoordinator) async throws {
+        let events = self.unshared.withLock { queue in
+            defer { queue.removeAll() }
+            return queue
+        }
+        do {
+            for start in stride(from: 0, to: events.count, by: 200) {
+                try await coordinator.share(Array(events[start..<min(start + 200, events.count)]))
+            }
+        } catch {
+            self.unshared.withLock { $0.insert(contentsOf: events, at: 0) }
+            throw error
+        }
+        let deliveries = self.unrecorded.withLock { queue in
+            defer { queue.removeAll() }
+            return queue
+        }
+        do {
+            if !deliveries.isEmpty {
+                try await coordinator.record(deliveries)
+            }
+        } catch {
+            self.unrecorded.withLock { $0.insert(contentsOf: deliveries, at: 0) }
+            throw error
+        }
+    }
+
+    /// Applies delivery states another server (or this one) recorded; those of events not
+    /// derived here yet wait for them.
+    private func apply(_ deliveries: [SharedDelivery]) {
+        let now = WallClock.unixMilliseconds()
+        let unknown = self.outbox.withLedger { ledger in deliveries.filter { ledger.entries[$0.eventId] == nil } }
+        if !unknown.isEmpty {
+            self.parked.withLock { parked in
+                if parked.count + unknown.count > Self.parkedLimit {
+                    parked.removeAll()  // a server this far behind reads them again when it restarts
+                }
+                for shared in unknown {
+                    parked[shared.eventId, default: []].append(shared)
+                }
+            }
+        }
+        let unknownIds = Set(unknown.map(\.eventId))
+        for shared in deliveries where !unknownIds.contains(shared.eventId) {
+            if shared.redeliver {
+                _ = self.outbox.redeliver(shared.eventId, now: now)
+            } else {
+                _ = self.outbox.record(shared.eventId, destination: shared.destination) { ledger in
+                    ledger.restore(shared.eventId, destination: shared.destination, delivery: shared.delivery, now: now)
+                }
+            }
+        }
+    }
+
     /// Sends `destination`'s due events, up to the configured concurrency at once (each to
     /// a different customer: the ledger hands out one event per customer at a time).
     private func deliveryLoop(_ destination: EventDestination, client: HTTPClient) async {
@@ -301,7 +547,7 @@ public final class OutboundEvents: Service, Sendable {
         await withDiscardingTaskGroup { group in
             while !Task.isCancelled {
                 let free = self.configuration.concurrency - inFlight.value.withLock { $0 }
-                if free > 0 {
+                if free > 0, self.isDelivering {
                     let now = WallClock.unixMilliseconds()
                     let due = self.outbox.withLedger { $0.due(for: destination.name, now: now, limit: free) }
                     inFlight.value.withLock { $0 += due.count }
@@ -322,7 +568,7 @@ public final class OutboundEvents: Service, Sendable {
         let id = entry.summary.id
         let result: (delivered: Bool, gone: Bool, description: String)
         do {
-            let body = try self.outbox.body(of: entry)
+            let body = try self.outbox.body(of: id)
             let timestamp = WallClock.unixMilliseconds() / 1000
             var request = HTTPClientRequest(url: destination.url)
             request.method = .POST
@@ -337,12 +583,12 @@ public final class OutboundEvents: Service, Sendable {
             let status = Int(response.status.code)
             result = ((200..<300).contains(status), status == 410, "HTTP \(status)")
         } catch {
+            guard !Task.isCancelled else {
+                // Stopping before the answer came: the outcome is unknown, and the event is
+                // sent again at the next start (with the same id).
+                return
+            }
             result = (false, false, Self.describe(error))
-        }
-        guard !Task.isCancelled else {
-            // Stopping: the outcome is unknown, and the event is sent again at the next
-            // start (with the same id).
-            return
         }
         let now = WallClock.unixMilliseconds()
         let interval = self.configuration.policy.interval(afterFailures: (entry.deliveries[destination.name]?.attempts ?? 0) + 1)
@@ -352,6 +598,9 @@ public final class OutboundEvents: Service, Sendable {
                 ledger.disable(destination.name, reason: "it answered 410 Gone to \(id) at \(now)")
             }
             return ledger.attempted(id, destination: destination.name, delivered: result.delivered, result: result.description, now: now, jitter: jitter)
+        }
+        if self.coordinator != nil, let delivery {
+            self.unrecorded.withLock { $0.append(SharedDelivery(eventId: id, destination: destination.name, delivery: delivery)) }
         }
         if result.gone {
             self.logger.error("events: destination \(destination.name) answered 410 Gone: it is disabled, nothing more is sent to it until the server restarts; its events are kept")
@@ -396,22 +645,34 @@ public final class OutboundEvents: Service, Sendable {
     /// Sends event `id` again to each destination that wanted it; false if it is not held.
     public func redeliver(id: String) -> Bool {
         let now = WallClock.unixMilliseconds()
-        return self.outbox.withLedger { $0.redeliver(id, now: now) }
+        guard let destinations = self.outbox.redeliver(id, now: now) else {
+            return false
+        }
+        if self.coordinator != nil {
+            self.unrecorded.withLock { queue in
+                queue += destinations.map { SharedDelivery(eventId: id, destination: $0, delivery: EventLedger.Delivery(), redeliver: true) }
+            }
+        }
+        return true
     }
 
     /// Sends again every held event that occurred at or after `since` whose last attempt
     /// failed somewhere; returns how many.
     public func redeliverFailed(since: Int64) -> Int {
         let now = WallClock.unixMilliseconds()
-        return self.outbox.withLedger { ledger in
-            let failed = ledger.ordered.filter { entry in
+        let failed = self.outbox.withLedger { ledger in
+            ledger.ordered.filter { entry in
                 entry.summary.occurredAt >= since && entry.deliveries.values.contains { $0.status == .retrying || $0.status == .givenUp }
             }
-            for entry in failed {
-                _ = ledger.redeliver(entry.summary.id, now: now)
-            }
-            return failed.count
         }
+        return failed.filter { self.outbox.redeliver($0.summary.id, now: now) != nil }.map { entry in
+            if self.coordinator != nil {
+                self.unrecorded.withLock { queue in
+                    queue += entry.destinations.map { SharedDelivery(eventId: entry.summary.id, destination: $0, delivery: EventLedger.Delivery(), redeliver: true) }
+                }
+            }
+            return entry
+        }.count
     }
 
     /// The customer id `userId` names now (an alias's customer), if attached and known.
@@ -448,9 +709,9 @@ struct EventMetrics: Sendable {
         self.disabled = each { Gauge(label: "entitlements_events_destination_disabled", dimensions: [("destination", $0)], factory: factory) }
     }
 
-    func derived(_ events: [OutboundEvent]) {
-        if !events.isEmpty {
-            self.derivedCounter.increment(by: events.count)
+    func derived(_ count: Int) {
+        if count > 0 {
+            self.derivedCounter.increment(by: count)
         }
     }
 
@@ -472,5 +733,37 @@ struct EventMetrics: Sendable {
         self.lag[destination]?.record(Double(lagMilliseconds) / 1000)
         self.disabled[destination]?.record(disabled ? 1 : 0)
         self.outboxBytes.record(Int64(clamping: outboxBytes))
+    }
+}
+
+/// The writes a store replays at opening that the outbox (in `directory`) had not yet made
+/// durable: made before the store opens, as its `Options.replayed`, and read once the
+/// outbox is open (``OutboundEvents/open(configuration:replay:store:logger:metrics:now:)``).
+/// It peeks at the outbox without changing it (the store has not locked the data
+/// directory yet); with no outbox there, nothing is kept (a new outbox starts after the
+/// store's last write).
+public final class EventReplay: Sendable {
+    public let directory: String
+    private let after: UInt64?
+    private let writes = Mutex<[CustomerStore.CommittedWrite]>([])
+
+    public init(directory: String) {
+        self.directory = directory
+        self.after = Outbox.peekDerivedThrough(directory: directory)
+    }
+
+    /// As `CustomerStore.Options.replayed` takes it.
+    public var observer: @Sendable (CustomerStore.CommittedWrite) -> Void {
+        { [self] write in
+            guard let after = self.after, write.sequence > after else { return }
+            self.writes.withLock { $0.append(write) }
+        }
+    }
+
+    func take() -> [CustomerStore.CommittedWrite] {
+        self.writes.withLock { writes in
+            defer { writes = [] }
+            return writes
+        }
     }
 }

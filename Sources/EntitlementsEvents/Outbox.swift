@@ -18,6 +18,7 @@ import Synchronization
 /// `T` the instant up to which time events were derived.
 public final class Outbox: Sendable {
     public static let fileName = "outbox"
+    static let tombstoneLimit = 200_000
 
     struct State {
         var ledger: EventLedger
@@ -32,16 +33,33 @@ public final class Outbox: Sendable {
         /// What the file says of them (written at each sync that changes them).
         var writtenDerivedThrough: UInt64 = 0
         var writtenTimeCursor: Int64 = 0
+        /// The file's size after the last rewrite (the state lines it keeps are not counted
+        /// as live, so a rewrite waits for the file to grow past it).
+        var rewrittenSize: UInt64 = 0
         /// Changed since the last fsync.
         var dirty = false
         /// A write to the file failed: nothing more is appended (the log still holds the
         /// writes; a restart derives their events again).
         var failure: String?
 
+        /// The ids of the events forgotten most recently, oldest first (at most
+        /// ``tombstoneLimit``): the same event arriving again (another fleet server's copy,
+        /// read after this one was delivered) is not taken for a new one.
+        var tombstones: Set<String> = []
+        var tombstoneOrder: [String] = []
+
         /// Forgets event `id`.
         mutating func remove(_ id: String, now: Int64) {
             self.ledger.remove(id, now: now)
             self.liveBytes -= min(self.liveBytes, self.lineSizes.removeValue(forKey: id) ?? 0)
+            if self.tombstones.insert(id).inserted {
+                self.tombstoneOrder.append(id)
+                if self.tombstoneOrder.count > Outbox.tombstoneLimit {
+                    let old = self.tombstoneOrder.prefix(Outbox.tombstoneLimit / 2)
+                    self.tombstones.subtract(old)
+                    self.tombstoneOrder.removeFirst(old.count)
+                }
+            }
         }
 
         /// Forgets the events delivered to every destination that wanted them.
@@ -69,7 +87,9 @@ public final class Outbox: Sendable {
 
     /// Opens (or creates) the outbox in `directory` and replays it into a ledger for
     /// `destinations`. Events for a destination no longer configured are forgotten for it.
-    public static func open(directory: String, destinations: [String], policy: EventLedger.RetryPolicy, now: Int64) throws -> (Outbox, Opened) {
+    /// A new outbox (or one whose creation a crash cut short: no `Q` line) starts after log
+    /// sequence `startingAfter`: it says so durably before anything else.
+    public static func open(directory: String, destinations: [String], policy: EventLedger.RetryPolicy, startingAfter: UInt64 = 0, now: Int64) throws -> (Outbox, Opened) {
         try Self.makeDirectory(directory)
         let path = "\(directory)/\(Self.fileName)"
         var ledger = EventLedger(destinations: destinations, policy: policy)
@@ -78,18 +98,25 @@ public final class Outbox: Sendable {
         var timeCursor: Int64 = now
         var size: UInt64 = 0
         var lineSizes: [String: UInt64] = [:]
-        if access(path, F_OK) != 0 {
+        if Self.peekDerivedThrough(directory: directory) == nil {
+            // Written whole to a temporary file and renamed: a crash leaves the old state or
+            // the new one, never a file that would take every write in the log for new.
             opened.created = true
-            let header = Self.line("H", Array(#"{"version":1}"#.utf8))
-            let fd = try Self.create(path, contents: header + Self.line("T", Array(String(now).utf8)))
+            let contents = Self.line("H", Array(#"{"version":1}"#.utf8)) + Self.line("Q", Array(String(startingAfter).utf8)) + Self.line("T", Array(String(now).utf8))
+            let temporary = path + ".new"
+            let fd = try Self.create(temporary, contents: contents)
             close(fd)
+            guard rename(temporary, path) == 0 else {
+                throw OutboxError(path: path, reason: "cannot rename the new outbox into place: \(String(cString: strerror(errno)))")
+            }
+            try Self.syncDirectory(of: path)
         }
         let fd = Glibc.open(path, O_RDWR | O_CLOEXEC)
         guard fd >= 0 else {
             throw OutboxError(path: path, reason: "cannot open: \(String(cString: strerror(errno)))")
         }
+        var journal: [JournalLine] = []
         do {
-            var journal: [(String, String, EventLedger.Delivery)] = []
             size = try Self.scan(fd: fd, path: path) { tag, payload, offset, length in
                 switch tag {
                 case UInt8(ascii: "H"):
@@ -99,10 +126,18 @@ public final class Outbox: Sendable {
                     if ledger.add(summary.event, destinations: summary.destinations, bodyOffset: offset + 11 + UInt64(body.lowerBound), bodyLength: body.count, now: now) {
                         lineSizes[summary.event.id] = UInt64(length)
                     }
-                    derivedThrough = max(derivedThrough, summary.event.logSequence)
+                    if !summary.event.id.hasPrefix("evt_t") {
+                        // A time event's sequence is the last write applied when it was
+                        // derived, whose own events may not be derived yet.
+                        derivedThrough = max(derivedThrough, summary.event.logSequence)
+                    }
                 case UInt8(ascii: "S"):
                     let record = try Self.decode(DeliveryRecord.self, payload, path: path, offset: offset)
-                    journal.append((record.id, record.destination, record.delivery))
+                    journal.append(.state(record.id, record.destination, record.delivery))
+                case UInt8(ascii: "R"):
+                    journal.append(.redeliver(String(decoding: payload, as: UTF8.self)))
+                case UInt8(ascii: "X"):
+                    journal.append(.drop(String(decoding: payload, as: UTF8.self)))
                 case UInt8(ascii: "Q"):
                     derivedThrough = max(derivedThrough, UInt64(String(decoding: payload, as: UTF8.self)) ?? 0)
                 case UInt8(ascii: "T"):
@@ -116,19 +151,52 @@ public final class Outbox: Sendable {
                     throw OutboxError(path: path, reason: "cannot cut the torn last line at offset \(offset): \(String(cString: strerror(errno)))")
                 }
             }
-            for (id, destination, delivery) in journal {
-                ledger.restore(id, destination: destination, delivery: delivery, now: now)
-            }
         } catch {
             close(fd)
             throw error
         }
         var state = State(ledger: ledger, fd: fd, size: size, liveBytes: lineSizes.values.reduce(0, +), lineSizes: lineSizes, derivedThrough: derivedThrough, timeCursor: timeCursor)
+        for line in journal {
+            switch line {
+            case .state(let id, let destination, let delivery):
+                state.ledger.restore(id, destination: destination, delivery: delivery, now: now, replaying: true)
+            case .redeliver(let id):
+                _ = state.ledger.redeliver(id, now: now)
+            case .drop(let id):
+                state.remove(id, now: now)
+            }
+        }
+        state.ledger.compactOrder()
         state.writtenDerivedThrough = derivedThrough
         state.writtenTimeCursor = timeCursor
         state.removeDelivered(now: now)
         opened.events = state.ledger.entries.count
         return (Outbox(path: path, state: state), opened)
+    }
+
+    /// The log sequence every write up to which an existing outbox in `directory` says
+    /// it derived (its `Q` lines and write events), read without changing the file; nil
+    /// when there is none (no file, or a file a crash left before its first `Q` line).
+    public static func peekDerivedThrough(directory: String) -> UInt64? {
+        let fd = Glibc.open("\(directory)/\(Self.fileName)", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            return nil
+        }
+        defer { close(fd) }
+        var derived: UInt64?
+        _ = try? Self.scan(fd: fd, path: directory) { tag, payload, offset, _ in
+            switch tag {
+            case UInt8(ascii: "Q"):
+                derived = max(derived ?? 0, UInt64(String(decoding: payload, as: UTF8.self)) ?? 0)
+            case UInt8(ascii: "E"):
+                if let (summary, _) = try? Self.parseEvent(payload, path: directory, offset: offset), !summary.event.id.hasPrefix("evt_t") {
+                    derived = max(derived ?? 0, summary.event.logSequence)
+                }
+            default:
+                break
+            }
+        } torn: { _, _ in }
+        return derived
     }
 
     private init(path: String, state: State) {
@@ -145,6 +213,13 @@ public final class Outbox: Sendable {
     struct StoredSummary: Codable {
         var event: EventSummary
         var destinations: [String]
+    }
+
+    /// What a journal line says, replayed in file order at opening.
+    enum JournalLine {
+        case state(String, String, EventLedger.Delivery)
+        case redeliver(String)
+        case drop(String)
     }
 
     /// A delivery's state as journalled.
@@ -183,8 +258,8 @@ public final class Outbox: Sendable {
         return [tag.asciiValue!, UInt8(ascii: " ")] + digits + [UInt8(ascii: " ")] + payload + [UInt8(ascii: "\n")]
     }
 
-    static func eventLine(_ event: OutboundEvent, destinations: [String]) -> (line: [UInt8], bodyStart: Int, bodyLength: Int) {
-        let summary = (try? JSONEncoder().encode(StoredSummary(event: event.summary, destinations: destinations))).map { Array($0) } ?? []
+    static func eventLine(_ event: SharedEvent) -> (line: [UInt8], bodyStart: Int, bodyLength: Int) {
+        let summary = (try? JSONEncoder().encode(StoredSummary(event: event.summary, destinations: event.destinations))).map { Array($0) } ?? []
         let body = event.body
         var payload = Array("\(summary.count) ".utf8)
         payload += summary
@@ -228,6 +303,9 @@ public final class Outbox: Sendable {
         var chunk = [UInt8](repeating: 0, count: 1 << 20)
         var atEnd = false
         var position = 0
+        // The first line that failed its checksum: the tail from it is torn (a crash while
+        // appending) if no valid line follows, else the file is damaged.
+        var firstBad: UInt64?
         while true {
             if let newline = buffer[position...].firstIndex(of: UInt8(ascii: "\n")) {
                 let line = buffer[position..<newline]
@@ -235,26 +313,25 @@ public final class Outbox: Sendable {
                 let length = newline + 1 - position
                 position = newline + 1
                 guard let (tag, payload) = Self.checked(line) else {
-                    // A bad line: torn if nothing valid follows, else corruption.
-                    if atEnd, buffer[position...].firstIndex(of: UInt8(ascii: "\n")) == nil {
-                        try torn(offset, UInt64(buffer.count - (position - length)))
-                        return offset
-                    }
+                    firstBad = firstBad ?? offset
+                    continue
+                }
+                if let bad = firstBad {
                     throw OutboxError(
                         path: path,
-                        reason: "line at offset \(offset) fails its checksum and more follows: the file is damaged; move it aside to start a new outbox (its undelivered events are then not sent: `entitlements events list` on the old server shows them)"
+                        reason: "the line at offset \(bad) fails its checksum and valid lines follow it: the file is damaged; move it aside to start a new outbox (its undelivered events are then not sent: `entitlements events list` on the old server shows them)"
                     )
                 }
                 try visit(tag, payload, offset, length)
                 continue
             }
             if atEnd {
-                if position < buffer.count {
-                    let offset = bufferStart + UInt64(position)
-                    try torn(offset, UInt64(buffer.count - position))
-                    return offset
+                let end = bufferStart + UInt64(buffer.count)
+                if let bad = firstBad ?? (position < buffer.count ? bufferStart + UInt64(position) : nil) {
+                    try torn(bad, end - bad)
+                    return bad
                 }
-                return bufferStart + UInt64(buffer.count)
+                return end
             }
             buffer.removeFirst(position)
             bufferStart += UInt64(position)
@@ -292,7 +369,15 @@ public final class Outbox: Sendable {
     /// `through` was derived. Events already held (derived again) are skipped. Returns the
     /// events added.
     @discardableResult
-    public func append(_ events: [OutboundEvent], destinations: (OutboundEvent) -> [String], through: UInt64?, now: Int64) -> [OutboundEvent] {
+    public func append(_ events: [OutboundEvent], destinations: (OutboundEvent) -> [String], through: UInt64?, now: Int64) -> [SharedEvent] {
+        let shared = events.map { SharedEvent(summary: $0.summary, destinations: destinations($0), body: $0.body) }.filter { !$0.destinations.isEmpty }
+        return self.append(shared, through: through, now: now)
+    }
+
+    /// Appends events as kept (derived here, or by another server of a fleet); those held
+    /// already are skipped. Returns those added.
+    @discardableResult
+    public func append(_ events: [SharedEvent], through: UInt64? = nil, now: Int64) -> [SharedEvent] {
         self.state.withLock { state in
             if let through {
                 state.derivedThrough = max(state.derivedThrough, through)
@@ -300,16 +385,16 @@ public final class Outbox: Sendable {
             guard state.failure == nil else {
                 return []
             }
-            var added: [OutboundEvent] = []
+            var added: [SharedEvent] = []
             var bytes: [UInt8] = []
-            for event in events where state.ledger.entries[event.id] == nil {
-                let wanted = destinations(event)
-                guard !wanted.isEmpty else { continue }
-                let (line, bodyStart, bodyLength) = Self.eventLine(event, destinations: wanted)
+            for event in events where state.ledger.entries[event.summary.id] == nil && !state.tombstones.contains(event.summary.id) {
+                let (line, bodyStart, bodyLength) = Self.eventLine(event)
                 let offset = state.size + UInt64(bytes.count)
-                state.ledger.add(event.summary, destinations: wanted, bodyOffset: offset + UInt64(bodyStart), bodyLength: bodyLength, now: now)
+                guard state.ledger.add(event.summary, destinations: event.destinations, bodyOffset: offset + UInt64(bodyStart), bodyLength: bodyLength, now: now) else {
+                    continue
+                }
                 state.liveBytes += UInt64(line.count)
-                state.lineSizes[event.id] = UInt64(line.count)
+                state.lineSizes[event.summary.id] = UInt64(line.count)
                 bytes += line
                 added.append(event)
             }
@@ -328,6 +413,18 @@ public final class Outbox: Sendable {
                 Self.write(Self.line("S", Array(payload)), to: &state)
             }
             return delivery
+        }
+    }
+
+    /// Sends event `id` again (``EventLedger/redeliver(_:now:)``), journalled; returns the
+    /// destinations it goes to again, or nil if it is not held.
+    public func redeliver(_ id: String, now: Int64) -> [String]? {
+        self.state.withLock { state in
+            guard state.ledger.redeliver(id, now: now) else {
+                return nil
+            }
+            Self.write(Self.line("R", Array(id.utf8)), to: &state)
+            return state.ledger.entries[id]?.destinations ?? []
         }
     }
 
@@ -370,9 +467,13 @@ public final class Outbox: Sendable {
         state.dirty = true
     }
 
-    /// The body of a held event, as sent.
-    public func body(of entry: EventLedger.Entry) throws -> [UInt8] {
+    /// The body of held event `id`, as sent: read where the event is now (a rewrite of
+    /// the file moves it).
+    public func body(of id: String) throws -> [UInt8] {
         try self.state.withLock { state in
+            guard let entry = state.ledger.entries[id] else {
+                throw OutboxError(path: self.path, reason: "event \(id) is not held any more")
+            }
             var body = [UInt8](repeating: 0, count: entry.bodyLength)
             let count = body.withUnsafeMutableBytes { pread(state.fd, $0.baseAddress, $0.count, off_t(entry.bodyOffset)) }
             guard count == entry.bodyLength else {
@@ -422,7 +523,7 @@ public final class Outbox: Sendable {
         try self.fileLock.withLock { _ in
             try self.state.withLock { state in
                 state.removeDelivered(now: now)
-                guard state.failure == nil, state.size > minimumBytes, state.size > 2 * state.liveBytes else {
+                guard state.failure == nil, state.size > minimumBytes, state.size > 2 * state.liveBytes, state.size > state.rewrittenSize + minimumBytes / 2 else {
                     return false
                 }
                 try self.rewrite(&state)
@@ -436,17 +537,12 @@ public final class Outbox: Sendable {
     public func enforce(limit: UInt64, now: Int64) -> [String] {
         self.state.withLock { state in
             var dropped: [String] = []
+            guard state.liveBytes > limit else {
+                return []
+            }
             for entry in state.ledger.ordered {
                 guard state.liveBytes > limit else { break }
-                for destination in entry.destinations where !(entry.deliveries[destination]?.isSettled ?? true) {
-                    var delivery = entry.deliveries[destination] ?? EventLedger.Delivery()
-                    delivery.status = .givenUp
-                    delivery.nextAttemptAt = nil
-                    delivery.lastResult = "dropped: the outbox reached --event-outbox-limit"
-                    if let payload = try? JSONEncoder().encode(DeliveryRecord(id: entry.summary.id, destination: destination, delivery: delivery)) {
-                        Self.write(Self.line("S", Array(payload)), to: &state)
-                    }
-                }
+                Self.write(Self.line("X", Array(entry.summary.id.utf8)), to: &state)
                 state.remove(entry.summary.id, now: now)
                 dropped.append(entry.summary.id)
             }
@@ -470,11 +566,8 @@ public final class Outbox: Sendable {
             guard count == entry.bodyLength else {
                 throw OutboxError(path: self.path, reason: "cannot read event \(entry.summary.id) to rewrite the outbox")
             }
-            let summary = Array((try JSONEncoder().encode(StoredSummary(event: entry.summary, destinations: entry.destinations))))
-            var payload = Array("\(summary.count) ".utf8) + summary
-            offsets.append((entry.summary.id, UInt64(bytes.count + 11 + payload.count)))
-            payload += body
-            let line = Self.line("E", payload)
+            let (line, bodyStart, _) = Self.eventLine(SharedEvent(summary: entry.summary, destinations: entry.destinations, body: body))
+            offsets.append((entry.summary.id, UInt64(bytes.count + bodyStart)))
             live += UInt64(line.count)
             sizes[entry.summary.id] = UInt64(line.count)
             bytes += line
@@ -495,6 +588,7 @@ public final class Outbox: Sendable {
         state.size = UInt64(bytes.count)
         state.liveBytes = live
         state.lineSizes = sizes
+        state.rewrittenSize = UInt64(bytes.count)
         state.writtenDerivedThrough = state.derivedThrough
         state.writtenTimeCursor = state.timeCursor
         state.dirty = false

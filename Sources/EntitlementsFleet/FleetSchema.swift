@@ -215,6 +215,36 @@ public enum FleetSchema {
             $$
             """,
         ],
+        // 3: outbound events in fleet mode (FleetEvents, docs/events.md): the lease that
+        // says which server delivers, the events every server derived (the same ids), and
+        // each delivery's newest state. Rows of both tables are numbered from one sequence
+        // under an advisory lock, so that a reader that remembers the last number it read
+        // misses none.
+        [
+            "CREATE TABLE event_lease (name text PRIMARY KEY, holder text NOT NULL, expires_at timestamptz NOT NULL)",
+            "CREATE SEQUENCE event_changes",
+            """
+            CREATE TABLE events (
+                seq bigint PRIMARY KEY DEFAULT nextval('event_changes'),
+                event_id text NOT NULL UNIQUE,
+                summary text NOT NULL,
+                body bytea NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now()
+            )
+            """,
+            """
+            CREATE TABLE event_deliveries (
+                event_id text NOT NULL,
+                destination text NOT NULL,
+                state text NOT NULL,
+                redeliver boolean NOT NULL,
+                delivered boolean NOT NULL,
+                changed bigint NOT NULL DEFAULT nextval('event_changes'),
+                PRIMARY KEY (event_id, destination)
+            )
+            """,
+            "CREATE INDEX event_deliveries_changed ON event_deliveries (changed)",
+        ],
     ]
 
     /// What a migration run did.

@@ -324,23 +324,33 @@ struct ServeCommand: AsyncParsableCommand {
         var fleet: FleetService?
         var events: OutboundEvents?
         do {
-            if let configuration = try settings.events() {
+            // The events' outbox is opened once the store holds the data directory's lock;
+            // before, only what the log replays is kept for it.
+            let eventsConfiguration = try settings.events()
+            var replay: EventReplay?
+            if eventsConfiguration != nil {
                 guard let dataDir = settings.dataDirectory else {
                     throw ValidationError("--event-webhook needs --data-dir: the events wait for delivery in DATA-DIR/events")
                 }
-                guard try settings.fleetURL() == nil else {
-                    throw ValidationError("--event-webhook is not available in fleet mode yet (docs/events.md, \"Fleet mode\"); run it on a server with --data-dir alone")
-                }
-                events = try OutboundEvents.open(configuration: configuration, directory: "\(dataDir)/events", logger: logger, metrics: factory, now: WallClock.unixMilliseconds())
+                replay = EventReplay(directory: "\(dataDir)/events")
             }
             if let url = try settings.fleetURL() {
-                (store, fleet) = try await Self.openFleet(settings, url: url, logger: logger)
+                (store, fleet) = try await Self.openFleet(settings, url: url, logger: logger, replayed: replay?.observer)
                 running.set(fleet: fleet?.tailer)
             } else {
-                store = try Self.openStore(settings, replayed: events?.replayObserver)
+                store = try Self.openStore(settings, replayed: replay?.observer)
+            }
+            if let eventsConfiguration, let replay {
+                events = try OutboundEvents.open(configuration: eventsConfiguration, replay: replay, store: store, logger: logger, metrics: factory, now: WallClock.unixMilliseconds())
             }
             if let events {
-                events.attach(to: store)
+                if let fleet {
+                    // One server of the fleet delivers at a time: the lease's holder.
+                    let holder = "\(ProcessInfo.processInfo.hostName)/\(getpid())/\(UInt32.random(in: 0...UInt32.max))"
+                    events.attach(to: store, coordinator: FleetEvents(database: fleet.database), holder: holder)
+                } else {
+                    events.attach(to: store)
+                }
                 running.set(events: events)
                 let names = events.configuration.destinations.map(\.name).joined(separator: ", ")
                 Self.say("events: delivering to \(names); \(events.outbox.path) holds \(events.list(failedOnly: false, customerId: nil, limit: .max).count) events")
@@ -561,7 +571,12 @@ struct ServeCommand: AsyncParsableCommand {
 
     /// Fleet mode: checks the database, opens (or starts afresh) the data directory from
     /// it, and sends writes to it; the returned service tails its change log.
-    static func openFleet(_ settings: ServeSettings, url: FleetDatabaseURL, logger: Logger) async throws -> (CustomerStore, FleetService) {
+    static func openFleet(
+        _ settings: ServeSettings,
+        url: FleetDatabaseURL,
+        logger: Logger,
+        replayed: (@Sendable (CustomerStore.CommittedWrite) -> Void)? = nil
+    ) async throws -> (CustomerStore, FleetService) {
         let threshold = UInt64(try settings.bytes("compact-after"))
         let poll = try settings.duration("fleet-poll-interval")
         let wait = try settings.duration("fleet-write-wait")
@@ -575,7 +590,8 @@ struct ServeCommand: AsyncParsableCommand {
                 storeOptions: .init(
                     syncMode: try settings.syncMode(),
                     compactAfterLogBytes: threshold == 0 ? nil : threshold,
-                    historyRetention: try settings.historyRetention()
+                    historyRetention: try settings.historyRetention(),
+                    replayed: replayed
                 ),
                 connections: try settings.integer("fleet-connections", in: 1...100),
                 readURL: try settings.fleetReadURL()

@@ -64,6 +64,17 @@ struct EventLedgerTests {
         #expect(ledger.unsettledCount("x") == 1 && ledger.unsettledCount("y") == 1)
     }
 
+    @Test("an event dropped while it is being sent lets its customer's next one go")
+    func removeInFlight() {
+        var ledger = Self.ledger()
+        ledger.add(Self.summary("e1", "c"), destinations: ["d"], bodyOffset: 0, bodyLength: 0, now: 0)
+        ledger.add(Self.summary("e2", "c"), destinations: ["d"], bodyOffset: 0, bodyLength: 0, now: 0)
+        #expect(ledger.due(for: "d", now: 0, limit: 5).map(\.summary.id) == ["e1"])
+        ledger.remove("e1", now: 0)
+        #expect(ledger.attempted("e1", destination: "d", delivered: true, result: "HTTP 200", now: 0) == nil, "its outcome changes nothing")
+        #expect(ledger.due(for: "d", now: 0, limit: 5).map(\.summary.id) == ["e2"])
+    }
+
     @Test("redeliver: a retrying event goes at once; a delivered one is queued again behind the customer's others")
     func redeliver() {
         var ledger = Self.ledger()

@@ -39,7 +39,7 @@ struct OutboxTests {
         let held = outbox.withLedger { $0.ordered }
         #expect(held.map(\.summary.id) == ["evt_2_0", "evt_3_0"])
         #expect(held.first?.deliveries["d"]?.status == .retrying && held.first?.deliveries["d"]?.attempts == 1)
-        #expect(try outbox.body(of: held[1]) == Self.event(3, "a").body)
+        #expect(try outbox.body(of: held[1].summary.id) == Self.event(3, "a").body)
         // Appending an event already held (derived again after a crash) changes nothing.
         #expect(outbox.append([Self.event(3, "a")], destinations: { _ in ["d"] }, through: nil, now: 0).isEmpty)
     }
@@ -68,8 +68,47 @@ struct OutboxTests {
         #expect {
             _ = try Self.open(scratch)
         } throws: { error in
-            "\(error)".contains("fails its checksum and more follows") && "\(error)".contains("move it aside")
+            "\(error)".contains("fails its checksum and valid lines follow it") && "\(error)".contains("move it aside")
         }
+    }
+
+    @Test("a damaged last line (newline and all) is torn too; a time event's sequence does not count as derived")
+    func damagedLastLine() throws {
+        let scratch = Scratch()
+        do {
+            let outbox = try Self.open(scratch)
+            var time = Self.event(9, "a")
+            time.id = "evt_t5000_0123456789abcdef_0"
+            outbox.append([Self.event(1, "a"), time], destinations: { _ in ["d"] }, through: nil, now: 0)
+        }
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: scratch.file))
+        bytes[bytes.count - 5] ^= 0x01  // inside the last line, before its newline
+        try bytes.write(to: URL(fileURLWithPath: scratch.file))
+        let (outbox, opened) = try Outbox.open(directory: scratch.events, destinations: ["d"], policy: .init(), now: 0)
+        #expect(opened.tornBytes > 0)
+        #expect(outbox.withLedger { $0.ordered.map(\.summary.id) } == ["evt_1_0"])
+        let again = try Outbox.open(directory: scratch.events + "-other", destinations: ["d"], policy: .init(), startingAfter: 7, now: 0).0
+        #expect(again.derivedThrough == 7, "a new outbox starts after the given sequence")
+        #expect(outbox.derivedThrough == 1, "write 9's events are still to derive: the time event at 9 does not say they were")
+    }
+
+    @Test("a redelivery and a drop are journalled: after reopening, the redelivered event waits again and the dropped one is gone")
+    func journal() throws {
+        let scratch = Scratch()
+        do {
+            let outbox = try Self.open(scratch)
+            outbox.append([Self.event(1, "a"), Self.event(2, "b"), Self.event(3, "c")], destinations: { _ in ["d"] }, through: 3, now: 0)
+            _ = outbox.withLedger { $0.due(for: "d", now: 0, limit: 10) }
+            _ = outbox.record("evt_1_0", destination: "d") { $0.attempted("evt_1_0", destination: "d", delivered: false, result: "HTTP 500", now: 0) }
+            _ = outbox.record("evt_2_0", destination: "d") { $0.attempted("evt_2_0", destination: "d", delivered: false, result: "HTTP 500", now: 0) }
+            #expect(outbox.redeliver("evt_1_0", now: 1) == ["d"])
+            #expect(outbox.enforce(limit: outbox.sizes.live - 1, now: 0) == ["evt_1_0"])
+            try outbox.sync()
+        }
+        let outbox = try Self.open(scratch)
+        let held = outbox.withLedger { $0.ordered.map(\.summary.id) }
+        #expect(held == ["evt_2_0", "evt_3_0"], "the dropped event stays dropped")
+        #expect(outbox.withLedger { $0.entries["evt_2_0"]?.deliveries["d"]?.status } == .retrying)
     }
 
     @Test("a rewrite keeps the undelivered events with their bodies, and the file shrinks")
@@ -89,7 +128,7 @@ struct OutboxTests {
         let held = outbox.withLedger { $0.ordered }
         #expect(held.map(\.summary.logSequence) == Array(191...200))
         for entry in held {
-            #expect(try outbox.body(of: entry) == events[Int(entry.summary.logSequence) - 1].body)
+            #expect(try outbox.body(of: entry.summary.id) == events[Int(entry.summary.logSequence) - 1].body)
         }
         let reopened = try Self.open(scratch)
         #expect(reopened.withLedger { $0.ordered.count } == 10 && reopened.derivedThrough == 200)

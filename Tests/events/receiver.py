@@ -32,8 +32,9 @@ class Receiver:
         self.lock = threading.Condition()
         self.received = []      # every POST whose signature verified: dict(path, event, at, headers)
         self.rejected = []      # POSTs whose signature did not verify
-        self.mode = {}          # path -> "ok" | "fail" | "gone" | "hang"
+        self.mode = {}          # path -> "ok" | "fail" | "gone" | "hang" (held until release, then taken in)
         self.hanging = 0        # requests held now
+        self.held_ids = set()   # (path, event id) of every request ever held
         self.release = threading.Event()
         receiver = self
 
@@ -47,10 +48,17 @@ class Receiver:
                 if mode == "hang":
                     with receiver.lock:
                         receiver.hanging += 1
+                        receiver.held_ids.add((self.path, self.headers.get("entitlements-event-id")))
                         receiver.lock.notify_all()
                     receiver.release.wait(60)
                     with receiver.lock:
                         receiver.hanging -= 1
+                        # Held, then taken in: a backend that did its work but whose answer
+                        # never reached the sender (it died meanwhile).
+                        if ok:
+                            receiver.received.append({"path": self.path, "event": json.loads(body), "at": time.time(),
+                                                      "id_header": self.headers.get("entitlements-event-id")})
+                        receiver.lock.notify_all()
                     try:
                         self.send_response(200)
                         self.send_header("content-length", "0")

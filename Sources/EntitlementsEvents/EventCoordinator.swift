@@ -17,6 +17,8 @@ public protocol EventCoordinator: Sendable {
     /// The events kept after `cursor` (0: from the first), at most `limit`, and the cursor
     /// after them.
     func events(after cursor: Int64, limit: Int) async throws -> (events: [SharedEvent], cursor: Int64)
+    /// The newest states of the deliveries of `eventIds`.
+    func deliveries(of eventIds: [String]) async throws -> [SharedDelivery]
     /// Keeps each delivery's newest state (one per event and destination).
     func record(_ deliveries: [SharedDelivery]) async throws
     /// The delivery states changed after `cursor`, at most `limit`, and the cursor after them.

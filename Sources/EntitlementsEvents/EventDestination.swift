@@ -109,6 +109,11 @@ struct TimeSchedule: Sendable {
         return due
     }
 
+    /// Whether nothing is scheduled at or before `instant`.
+    mutating func earliestIsAfter(_ instant: Int64) -> Bool {
+        (self.earliest() ?? .max) > instant
+    }
+
     /// The earliest instant scheduled (stale entries on top are dropped on the way).
     mutating func earliest() -> Int64? {
         while let top = self.heap.min {

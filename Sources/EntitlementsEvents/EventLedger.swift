@@ -129,45 +129,58 @@ public struct EventLedger: Sendable {
         return true
     }
 
+    /// Changes lane `name` in place. (Not through a copy: changing a copy of a lane would
+    /// copy its dictionaries, whose size is the backlog, at every event.)
+    @discardableResult
+    private mutating func withLane<T>(_ name: String, _ body: (inout Lane) -> T) -> T? {
+        guard self.lanes[name] != nil else {
+            return nil
+        }
+        return body(&self.lanes[name]!)
+    }
+
     private mutating func enqueue(_ id: String, customer: String, lane name: String, now: Int64) {
-        var lane = self.lanes[name]!
-        let wasEmpty = lane.queues[customer]?.isEmpty ?? true
-        lane.queues[customer, default: []].append(id)
-        lane.unsettled += 1
-        self.lanes[name] = lane
-        if wasEmpty {
+        let wasEmpty = self.withLane(name) { lane in
+            let wasEmpty = lane.queues[customer]?.isEmpty ?? true
+            lane.queues[customer, default: []].append(id)
+            lane.unsettled += 1
+            return wasEmpty
+        }
+        if wasEmpty == true {
             self.makeReady(customer, lane: name, at: now)
         }
     }
 
     private mutating func makeReady(_ customer: String, lane name: String, at instant: Int64) {
-        var lane = self.lanes[name]!
-        lane.nextGeneration &+= 1
-        let generation = lane.nextGeneration
-        lane.generations[customer] = generation
-        lane.ready.append(ReadyCustomer(at: instant, customerId: customer, generation: generation))
-        self.lanes[name] = lane
+        self.withLane(name) { lane in
+            lane.nextGeneration &+= 1
+            let generation = lane.nextGeneration
+            lane.generations[customer] = generation
+            lane.ready.append(ReadyCustomer(at: instant, customerId: customer, generation: generation))
+        }
     }
 
     /// Up to `limit` events to send to `destination` now (each the first unsettled event of
     /// its customer, due by `now`), marked in flight; nothing while it is disabled.
     public mutating func due(for destination: String, now: Int64, limit: Int) -> [Entry] {
-        guard var lane = self.lanes[destination], lane.disabled == nil else {
-            return []
-        }
-        var out: [Entry] = []
-        while out.count < limit, let top = lane.ready.min, top.at <= now {
-            _ = lane.ready.removeMin()
-            guard lane.generations[top.customerId] == top.generation, !lane.inFlight.contains(top.customerId),
-                let id = lane.queues[top.customerId]?.first, let entry = self.entries[id]
-            else {
-                continue
+        let ids = self.withLane(destination) { lane -> [String] in
+            guard lane.disabled == nil else {
+                return []
             }
-            lane.inFlight.insert(top.customerId)
-            out.append(entry)
-        }
-        self.lanes[destination] = lane
-        return out
+            var ids: [String] = []
+            while ids.count < limit, let top = lane.ready.min, top.at <= now {
+                _ = lane.ready.removeMin()
+                guard lane.generations[top.customerId] == top.generation, !lane.inFlight.contains(top.customerId),
+                    let id = lane.queues[top.customerId]?.first
+                else {
+                    continue
+                }
+                lane.inFlight.insert(top.customerId)
+                ids.append(id)
+            }
+            return ids
+        } ?? []
+        return ids.compactMap { self.entries[$0] }
     }
 
     /// When `destination` next has something due, if anything is waiting.
@@ -183,7 +196,8 @@ public struct EventLedger: Sendable {
     /// or given up past the horizon). Returns the delivery's new state.
     @discardableResult
     public mutating func attempted(_ id: String, destination: String, delivered: Bool, result: String, now: Int64, jitter: Int64 = 0) -> Delivery? {
-        guard var entry = self.entries[id], var delivery = entry.deliveries[destination] else {
+        guard var entry = self.entries[id], var delivery = entry.deliveries[destination], !delivery.isSettled else {
+            // Settled meanwhile (another fleet server recorded it): the send changes nothing.
             return nil
         }
         delivery.attempts += 1
@@ -205,8 +219,19 @@ public struct EventLedger: Sendable {
         }
         entry.deliveries[destination] = delivery
         self.entries[id] = entry
+        self.noteIfDelivered(entry)
         self.afterAttempt(entry, delivery, destination: destination, now: now)
         return delivery
+    }
+
+    /// The events delivered to every destination that wanted them: what the outbox may
+    /// forget (kept as a set, so that finding them does not read every event held).
+    public private(set) var deliveredEverywhere: Set<String> = []
+
+    private mutating func noteIfDelivered(_ entry: Entry) {
+        if entry.destinations.allSatisfy({ entry.deliveries[$0]?.status == .delivered }) {
+            self.deliveredEverywhere.insert(entry.summary.id)
+        }
     }
 
     /// Replays a recorded delivery state (the outbox's journal at opening, or an outcome
@@ -222,7 +247,12 @@ public struct EventLedger: Sendable {
         }
         entry.deliveries[destination] = delivery
         self.entries[id] = entry
+        self.noteIfDelivered(entry)
         if delivery.isSettled {
+            // Being sent here, perhaps: its answer will change nothing; the customer goes on.
+            if self.lanes[destination]?.queues[entry.summary.customerId]?.first == id {
+                self.lanes[destination]?.inFlight.remove(entry.summary.customerId)
+            }
             self.settle(entry, destination: destination, now: now)
         } else if let next = delivery.nextAttemptAt, self.lanes[destination]?.queues[entry.summary.customerId]?.first == id,
             self.lanes[destination]?.inFlight.contains(entry.summary.customerId) != true
@@ -244,22 +274,22 @@ public struct EventLedger: Sendable {
 
     /// Takes a settled event off its customer's queue; the next one becomes ready.
     private mutating func settle(_ entry: Entry, destination: String, now: Int64) {
-        guard var lane = self.lanes[destination] else {
-            return
-        }
         let customer = entry.summary.customerId
-        guard var queue = lane.queues[customer], let position = queue.firstIndex(of: entry.summary.id) else {
-            return
+        let next = self.withLane(destination) { lane -> Bool in
+            guard let position = lane.queues[customer]?.firstIndex(of: entry.summary.id) else {
+                return false
+            }
+            let wasHead = position == lane.queues[customer]!.startIndex
+            lane.queues[customer]!.remove(at: position)
+            lane.unsettled -= 1
+            if lane.queues[customer]!.isEmpty {
+                lane.queues[customer] = nil
+                lane.generations[customer] = nil
+                return false
+            }
+            return wasHead
         }
-        let wasHead = position == queue.startIndex
-        queue.remove(at: position)
-        lane.unsettled -= 1
-        lane.queues[customer] = queue.isEmpty ? nil : queue
-        if queue.isEmpty {
-            lane.generations[customer] = nil
-        }
-        self.lanes[destination] = lane
-        if wasHead, !queue.isEmpty {
+        if next == true {
             self.makeReady(customer, lane: destination, at: now)
         }
     }
@@ -293,6 +323,7 @@ public struct EventLedger: Sendable {
         guard var entry = self.entries[id] else {
             return false
         }
+        self.deliveredEverywhere.remove(id)
         for destination in entry.destinations {
             guard var delivery = entry.deliveries[destination] else { continue }
             if delivery.isSettled {
@@ -324,6 +355,7 @@ public struct EventLedger: Sendable {
             self.settle(entry, destination: destination, now: now)
         }
         self.entries[id] = nil
+        self.deliveredEverywhere.remove(id)
     }
 
     /// The held events in the order of derivation.
@@ -333,7 +365,10 @@ public struct EventLedger: Sendable {
 
     /// Drops the ids of removed events from the order (after a rewrite).
     public mutating func compactOrder() {
-        self.order.removeAll { self.entries[$0] == nil }
+        // Once most of it is gone: each pass reads all of it.
+        if self.order.count > 2 * self.entries.count + 64 {
+            self.order.removeAll { self.entries[$0] == nil }
+        }
     }
 
     /// Points event `id`'s body at its place in a rewritten outbox file.

@@ -45,6 +45,9 @@ public final class OutboundEvents: Service, Sendable {
         /// before it but made visible after it is read at that instant, so that its events
         /// follow from what the time event said.
         var lastTimeEvent: [String: Int64] = [:]
+        /// The earliest instant a customer's read failed at (its time events wait): the
+        /// outbox's cursor stays before it.
+        var failedAt: Int64?
     }
 
     private let time = Mutex(TimeState())
@@ -71,7 +74,7 @@ public final class OutboundEvents: Service, Sendable {
     private let unrecorded = Mutex<[SharedDelivery]>([])
     /// Delivery states read from the fleet for events this server has not derived yet (its
     /// tailer is behind): applied when the event arrives. Bounded by ``parkedLimit``.
-    private let parked = Mutex<[String: [SharedDelivery]]>([:])
+    private let parked = Mutex<[String: (states: [SharedDelivery], since: Int64)]>([:])
     static let parkedLimit = 100_000
     /// How long a lease lasts, and how often its holder renews it.
     public static let leaseDuration: Duration = .seconds(10)
@@ -97,6 +100,9 @@ public final class OutboundEvents: Service, Sendable {
         )
         if opened.tornBytes > 0 {
             logger.notice("events: cut a torn last line of \(opened.tornBytes) bytes from \(outbox.path); its writes' events are derived again from the log")
+        }
+        if let aside = opened.setAside {
+            logger.error("events: the outbox had derived writes past the store's last (\(store.committedSequence)): the data directory holds another history (seeded anew, or a new fleet epoch); it is set aside as \(aside) and its events are not sent; a new outbox starts")
         }
         return OutboundEvents(
             configuration: configuration,
@@ -196,14 +202,16 @@ public final class OutboundEvents: Service, Sendable {
                     // cursor comes first.
                     due = factory.nextChange(of: before, after: from)
                 }
-                if let before, let first = due, first <= write.recordedDate {
+                // In a fleet only the deliverer derives what time did: every server would
+                // derive it at its own moment, from what its tailer had applied by then.
+                if let before, let first = due, first <= write.recordedDate, self.derivesTime {
                     let found = self.timeEvents(of: before, from: first, until: write.recordedDate, factory: factory, logSequence: write.sequence &- 1).events
                     events += found
                     if let last = found.last?.occurredAt {
                         time.lastTimeEvent[customerId] = last
                     }
                 }
-                if let last = time.lastTimeEvent[customerId], last > write.recordedDate {
+                if self.coordinator == nil, let last = time.lastTimeEvent[customerId], last > write.recordedDate {
                     instants[customerId] = last
                 }
             }
@@ -231,6 +239,12 @@ public final class OutboundEvents: Service, Sendable {
         return (events, instant)
     }
 
+    /// Whether this server derives time events now: on its own, always; in a fleet, while
+    /// it delivers (so every copy of an event is the deliverer's).
+    private var derivesTime: Bool {
+        self.coordinator == nil || self.isDelivering
+    }
+
     private func destinations(for event: OutboundEvent) -> [String] {
         self.configuration.destinations.filter { $0.wants(event) }.map(\.name)
     }
@@ -250,7 +264,7 @@ public final class OutboundEvents: Service, Sendable {
     private func unpark(_ events: [SharedEvent]) {
         let waiting = self.parked.withLock { parked -> [SharedDelivery] in
             guard !parked.isEmpty else { return [] }
-            return events.flatMap { parked.removeValue(forKey: $0.summary.id) ?? [] }
+            return events.flatMap { parked.removeValue(forKey: $0.summary.id)?.states ?? [] }
         }
         if !waiting.isEmpty {
             self.apply(waiting)
@@ -301,9 +315,13 @@ public final class OutboundEvents: Service, Sendable {
         let started = WallClock.unixMilliseconds()
         let cursor = self.time.withLock { $0.scanFrom } ?? started
         let stopping = self.stopping
-        let outcome: Result<Int, any Error> = await withCheckedContinuation { continuation in
+        // In a fleet the scan only schedules each customer's first change since the cursor:
+        // the deliverer's time loop derives them (it may be another server by then).
+        let derives = self.coordinator == nil
+        let outcome: Result<(customers: Int, complete: Bool), any Error> = await withCheckedContinuation { continuation in
             DispatchQueue(label: "entitlements.events.scan").async {
                 var customers = 0
+                var complete = true
                 let result = Result {
                     try store.forEachCustomer { record in
                         guard let id = record.id else { return true }
@@ -312,31 +330,44 @@ public final class OutboundEvents: Service, Sendable {
                             // A customer a write reached first had its time events derived by it.
                             guard !time.handled.contains(id) else { return }
                             let first = factory.nextChange(of: record, after: cursor)
-                            let (events, next) = self.timeEvents(of: record, from: first ?? .max, until: started, factory: factory, logSequence: store.committedSequence)
-                            if !events.isEmpty {
-                                self.keep(events, through: nil, now: started)
+                            var next = first
+                            if derives {
+                                let (events, after) = self.timeEvents(of: record, from: first ?? .max, until: started, factory: factory, logSequence: store.committedSequence)
+                                if !events.isEmpty {
+                                    self.keep(events, through: nil, now: started)
+                                }
+                                next = after
                             }
                             if time.schedule.next(of: id) == nil {
                                 time.schedule.set(id, at: next)
                             }
                         }
-                        return !stopping.isSet
+                        if stopping.isSet {
+                            complete = false
+                            return false
+                        }
+                        return true
                     }
-                    return customers
+                    return (customers: customers, complete: complete)
                 }
                 continuation.resume(returning: result)
             }
         }
-        self.time.withLock { time in
-            time.scanned = true
-            time.handled = []
-        }
         switch outcome {
-        case .success(let customers):
+        case .success(let (customers, true)):
+            self.time.withLock { time in
+                time.scanned = true
+                time.handled = []
+            }
             self.outbox.timeDerived(through: started)
             self.logger.info("events: read the time changes of \(customers) customers in \(WallClock.unixMilliseconds() - started) ms")
+        case .success:
+            // Stopped before the end: the cursor stays, and the next start reads them all.
+            break
         case .failure(let error):
-            self.logger.error("events: cannot read the customers' time changes: \(error); time events are derived only for customers written from now on")
+            // The cursor stays where it was (the time loop does not move it): the next
+            // start derives from there.
+            self.logger.error("events: cannot read the customers' time changes: \(error); time events are derived only for customers written from now on, until a restart")
         }
     }
 
@@ -344,10 +375,13 @@ public final class OutboundEvents: Service, Sendable {
     private func timeLoop() async {
         while !Task.isCancelled {
             let now = WallClock.unixMilliseconds()
-            if let (store, factory) = self.attached.withLock({ $0 }) {
+            if let (store, factory) = self.attached.withLock({ $0 }), self.derivesTime {
+                // In a fleet, a change at an instant is derived once this server has applied
+                // every write committed before it (its tailer's last complete poll).
+                let horizon = self.coordinator == nil ? now : min(now, store.lastUpstreamContact ?? now)
                 // One customer at a time under the lock: a write to it waits, or goes first.
                 while let failure = self.time.withLock({ time -> String?? in
-                    guard let (customerId, at) = time.schedule.takeDue(now: now, limit: 1).first else {
+                    guard let (customerId, at) = time.schedule.takeDue(now: horizon, limit: 1).first else {
                         return nil
                     }
                     let record: CustomerRecord?
@@ -355,12 +389,13 @@ public final class OutboundEvents: Service, Sendable {
                         record = try store.customer(for: customerId)
                     } catch {
                         time.schedule.set(customerId, at: at)  // tried again at the next tick
+                        time.failedAt = min(time.failedAt ?? at, at)
                         return .some("events: cannot read customer \(customerId) for its time events: \(error); trying again")
                     }
                     guard let record, record.id == customerId else {
                         return .some(nil)  // deleted (or its id is now an alias): nothing by time
                     }
-                    let (found, next) = self.timeEvents(of: record, from: at, until: now, factory: factory, logSequence: store.committedSequence)
+                    let (found, next) = self.timeEvents(of: record, from: at, until: horizon, factory: factory, logSequence: store.committedSequence)
                     if !found.isEmpty {
                         self.keep(found, through: nil, now: now)
                         time.lastTimeEvent[customerId] = found.last?.occurredAt
@@ -375,8 +410,11 @@ public final class OutboundEvents: Service, Sendable {
                 }
                 self.time.withLock { time in
                     time.lastTimeEvent = time.lastTimeEvent.filter { now - $0.value < 60_000 }
+                    if let failed = time.failedAt, time.schedule.earliestIsAfter(failed) {
+                        time.failedAt = nil  // read at last
+                    }
                     if time.scanned {
-                        self.outbox.timeDerived(through: now)
+                        self.outbox.timeDerived(through: min(horizon, (time.failedAt ?? .max) - 1))
                     }
                 }
             }
@@ -430,32 +468,50 @@ public final class OutboundEvents: Service, Sendable {
     /// after a read, so that a new holder knows what its predecessor delivered; a holder
     /// that cannot renew stops sending before its lease runs out.
     private func coordinationLoop(_ coordinator: any EventCoordinator) async {
-        var eventCursor: Int64 = 0
-        var deliveryCursor: Int64 = 0
+        // Where this server stopped reading last time (kept in the outbox at each sync).
+        var (eventCursor, deliveryCursor) = self.outbox.coordinationCursors
         var nextLease = ContinuousClock.now
         var nextPrune = ContinuousClock.now + .seconds(60)
         var failing = false
         while !Task.isCancelled {
             do {
                 try await self.flush(coordinator)
-                while true {
+                // A few pages a round at most, so that the lease is renewed on time even
+                // while a backlog is read.
+                for _ in 0..<4 {
                     let (deliveries, cursor) = try await coordinator.deliveries(after: deliveryCursor, limit: 1_000)
                     deliveryCursor = cursor
                     self.apply(deliveries)
                     if deliveries.count < 1_000 { break }
                 }
-                while true {
+                for _ in 0..<4 {
                     let (events, cursor) = try await coordinator.events(after: eventCursor, limit: 500)
                     eventCursor = cursor
                     if !events.isEmpty {
-                        self.unpark(self.outbox.append(events, now: WallClock.unixMilliseconds()))
+                        let added = self.outbox.append(events, now: WallClock.unixMilliseconds())
+                        self.unpark(added)
+                        // What became of the events new here, however long ago it was recorded.
+                        if !added.isEmpty {
+                            self.apply(try await coordinator.deliveries(of: added.map(\.summary.id)))
+                        }
                     }
                     if events.count < 500 { break }
                 }
+                self.outbox.coordinationCursors = (eventCursor, deliveryCursor)
                 if ContinuousClock.now >= nextLease {
                     nextLease = ContinuousClock.now + Self.leaseRenewal
                     let asked = Self.uptime()
-                    let held = try await coordinator.lease(holder: self.holder, for: Self.leaseDuration)
+                    // A server whose outbox cannot be written keeps no new event: it must
+                    // not deliver for the fleet.
+                    let held: Bool
+                    if self.outbox.failure == nil {
+                        held = try await coordinator.lease(holder: self.holder, for: Self.leaseDuration)
+                    } else {
+                        if self.isDelivering {
+                            try await coordinator.release(holder: self.holder)
+                        }
+                        held = false
+                    }
                     let was = self.isDelivering
                     let margin = Self.leaseRenewal.components.seconds * 1000
                     self.mayDeliverUntil.store(held ? asked + Self.leaseDuration.components.seconds * 1000 - margin : 0, ordering: .relaxed)
@@ -515,13 +571,17 @@ public final class OutboundEvents: Service, Sendable {
     private func apply(_ deliveries: [SharedDelivery]) {
         let now = WallClock.unixMilliseconds()
         let unknown = self.outbox.withLedger { ledger in deliveries.filter { ledger.entries[$0.eventId] == nil } }
+            .filter { !self.outbox.isForgotten($0.eventId) }
         if !unknown.isEmpty {
             self.parked.withLock { parked in
+                // A state waits ten minutes at most for its event (this server derives it
+                // when its tailer gets there); older ones are of events it will not see
+                // (from before its start): when it reads such an event, it reads its state.
                 if parked.count + unknown.count > Self.parkedLimit {
-                    parked.removeAll()  // a server this far behind reads them again when it restarts
+                    parked = parked.filter { now - $0.value.since < 600_000 }
                 }
-                for shared in unknown {
-                    parked[shared.eventId, default: []].append(shared)
+                for shared in unknown where parked.count < Self.parkedLimit || parked[shared.eventId] != nil {
+                    parked[shared.eventId, default: ([], now)].states.append(shared)
                 }
             }
         }
@@ -578,7 +638,13 @@ public final class OutboundEvents: Service, Sendable {
             request.headers.add(name: "entitlements-event-type", value: entry.summary.type)
             request.headers.add(name: "entitlements-signature", value: WebhookSignature.header(body: body, timestamp: timestamp, secrets: destination.secrets))
             request.body = .bytes(ByteBuffer(bytes: body))
-            let response = try await client.execute(request, timeout: TimeAmount(self.configuration.requestTimeout))
+            // In a fleet, no answer is waited for past this server's lease: another may
+            // deliver from then on.
+            var timeout = TimeAmount(self.configuration.requestTimeout)
+            if self.coordinator != nil {
+                timeout = min(timeout, .milliseconds(self.mayDeliverUntil.load(ordering: .relaxed) - Self.uptime()))
+            }
+            let response = try await client.execute(request, timeout: timeout)
             _ = try? await response.body.collect(upTo: 64 << 10)
             let status = Int(response.status.code)
             result = ((200..<300).contains(status), status == 410, "HTTP \(status)")
@@ -744,19 +810,26 @@ struct EventMetrics: Sendable {
 /// store's last write).
 public final class EventReplay: Sendable {
     public let directory: String
-    private let after: UInt64?
+    private let peek: Outbox.Peek
     private let writes = Mutex<[CustomerStore.CommittedWrite]>([])
 
     public init(directory: String) {
         self.directory = directory
-        self.after = Outbox.peekDerivedThrough(directory: directory)
+        self.peek = Outbox.peek(directory: directory)
     }
 
-    /// As `CustomerStore.Options.replayed` takes it.
+    /// As `CustomerStore.Options.replayed` takes it. (An outbox that cannot say how far it
+    /// derived keeps every replayed write: the outbox, once open, says.)
     public var observer: @Sendable (CustomerStore.CommittedWrite) -> Void {
         { [self] write in
-            guard let after = self.after, write.sequence > after else { return }
-            self.writes.withLock { $0.append(write) }
+            switch self.peek {
+            case .absent:
+                return
+            case .present(let after?) where write.sequence <= after:
+                return
+            case .present:
+                self.writes.withLock { $0.append(write) }
+            }
         }
     }
 

@@ -36,6 +36,9 @@ public final class Outbox: Sendable {
         /// The file's size after the last rewrite (the state lines it keeps are not counted
         /// as live, so a rewrite waits for the file to grow past it).
         var rewrittenSize: UInt64 = 0
+        /// Fleet mode: how far this server has read what the others shared and recorded.
+        var cursors: (events: Int64, deliveries: Int64) = (0, 0)
+        var writtenCursors: (events: Int64, deliveries: Int64) = (0, 0)
         /// Changed since the last fsync.
         var dirty = false
         /// A write to the file failed: nothing more is appended (the log still holds the
@@ -64,8 +67,11 @@ public final class Outbox: Sendable {
 
         /// Forgets the events delivered to every destination that wanted them.
         mutating func removeDelivered(now: Int64) {
-            for entry in self.ledger.ordered where entry.isSettled && entry.deliveries.values.allSatisfy({ $0.status == .delivered }) {
-                self.remove(entry.summary.id, now: now)
+            guard !self.ledger.deliveredEverywhere.isEmpty else {
+                return
+            }
+            for id in self.ledger.deliveredEverywhere {
+                self.remove(id, now: now)
             }
             self.ledger.compactOrder()
         }
@@ -83,6 +89,8 @@ public final class Outbox: Sendable {
         /// A torn last line cut off (its event is derived again from the log).
         public var tornBytes: UInt64
         public var events: Int
+        /// Where an outbox of another history (its writes past the store's) was set aside.
+        public var setAside: String?
     }
 
     /// Opens (or creates) the outbox in `directory` and replays it into a ledger for
@@ -98,7 +106,7 @@ public final class Outbox: Sendable {
         var timeCursor: Int64 = now
         var size: UInt64 = 0
         var lineSizes: [String: UInt64] = [:]
-        if Self.peekDerivedThrough(directory: directory) == nil {
+        if access(path, F_OK) != 0, errno == ENOENT {
             // Written whole to a temporary file and renamed: a crash leaves the old state or
             // the new one, never a file that would take every write in the log for new.
             opened.created = true
@@ -116,6 +124,8 @@ public final class Outbox: Sendable {
             throw OutboxError(path: path, reason: "cannot open: \(String(cString: strerror(errno)))")
         }
         var journal: [JournalLine] = []
+        var sawQ = false
+        var cursors: (events: Int64, deliveries: Int64) = (0, 0)
         do {
             size = try Self.scan(fd: fd, path: path) { tag, payload, offset, length in
                 switch tag {
@@ -126,11 +136,8 @@ public final class Outbox: Sendable {
                     if ledger.add(summary.event, destinations: summary.destinations, bodyOffset: offset + 11 + UInt64(body.lowerBound), bodyLength: body.count, now: now) {
                         lineSizes[summary.event.id] = UInt64(length)
                     }
-                    if !summary.event.id.hasPrefix("evt_t") {
-                        // A time event's sequence is the last write applied when it was
-                        // derived, whose own events may not be derived yet.
-                        derivedThrough = max(derivedThrough, summary.event.logSequence)
-                    }
+                    // What was derived here is said by the Q lines alone: an event's own
+                    // sequence may be another server's (fleet mode) or a time event's.
                 case UInt8(ascii: "S"):
                     let record = try Self.decode(DeliveryRecord.self, payload, path: path, offset: offset)
                     journal.append(.state(record.id, record.destination, record.delivery))
@@ -139,7 +146,13 @@ public final class Outbox: Sendable {
                 case UInt8(ascii: "X"):
                     journal.append(.drop(String(decoding: payload, as: UTF8.self)))
                 case UInt8(ascii: "Q"):
+                    sawQ = true
                     derivedThrough = max(derivedThrough, UInt64(String(decoding: payload, as: UTF8.self)) ?? 0)
+                case UInt8(ascii: "C"):
+                    let parts = String(decoding: payload, as: UTF8.self).split(separator: " ").compactMap { Int64($0) }
+                    if parts.count == 2 {
+                        cursors = (parts[0], parts[1])
+                    }
                 case UInt8(ascii: "T"):
                     timeCursor = Int64(String(decoding: payload, as: UTF8.self)) ?? timeCursor
                 default:
@@ -155,6 +168,20 @@ public final class Outbox: Sendable {
             close(fd)
             throw error
         }
+        if sawQ, derivedThrough > startingAfter {
+            // The outbox has derived writes the store does not have: the data directory was
+            // seeded anew (or a fleet given a new epoch) and its sequences start again.
+            // Its events belong to another history: set aside, and a new outbox starts.
+            close(fd)
+            let aside = "\(path).replaced-\(now)"
+            guard rename(path, aside) == 0 else {
+                throw OutboxError(path: path, reason: "cannot set the outbox of another history aside: \(String(cString: strerror(errno)))")
+            }
+            try Self.syncDirectory(of: path)
+            var (outbox, reopened) = try Self.open(directory: directory, destinations: destinations, policy: policy, startingAfter: startingAfter, now: now)
+            reopened.setAside = aside
+            return (outbox, reopened)
+        }
         var state = State(ledger: ledger, fd: fd, size: size, liveBytes: lineSizes.values.reduce(0, +), lineSizes: lineSizes, derivedThrough: derivedThrough, timeCursor: timeCursor)
         for line in journal {
             switch line {
@@ -169,34 +196,46 @@ public final class Outbox: Sendable {
         state.ledger.compactOrder()
         state.writtenDerivedThrough = derivedThrough
         state.writtenTimeCursor = timeCursor
+        state.cursors = cursors
+        state.writtenCursors = cursors
+        if !sawQ {
+            // An outbox of an earlier version, or one a crash left before it said where it
+            // starts: it starts after the store's last write, said now.
+            state.derivedThrough = startingAfter
+            Self.write(Self.line("Q", Array(String(startingAfter).utf8)), to: &state)
+            state.writtenDerivedThrough = startingAfter
+        }
         state.removeDelivered(now: now)
         opened.events = state.ledger.entries.count
         return (Outbox(path: path, state: state), opened)
     }
 
-    /// The log sequence every write up to which an existing outbox in `directory` says
-    /// it derived (its `Q` lines and write events), read without changing the file; nil
-    /// when there is none (no file, or a file a crash left before its first `Q` line).
-    public static func peekDerivedThrough(directory: String) -> UInt64? {
-        let fd = Glibc.open("\(directory)/\(Self.fileName)", O_RDONLY | O_CLOEXEC)
+    /// What an outbox in `directory` says before the store opens (read without changing
+    /// the file): none there, or there and derived up to a sequence (nil when it cannot
+    /// say: unreadable, or from before it said).
+    public enum Peek: Sendable, Equatable {
+        case absent
+        case present(derivedThrough: UInt64?)
+    }
+
+    public static func peek(directory: String) -> Peek {
+        let path = "\(directory)/\(Self.fileName)"
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
-            return nil
+            return errno == ENOENT ? .absent : .present(derivedThrough: nil)
         }
         defer { close(fd) }
         var derived: UInt64?
-        _ = try? Self.scan(fd: fd, path: directory) { tag, payload, offset, _ in
-            switch tag {
-            case UInt8(ascii: "Q"):
-                derived = max(derived ?? 0, UInt64(String(decoding: payload, as: UTF8.self)) ?? 0)
-            case UInt8(ascii: "E"):
-                if let (summary, _) = try? Self.parseEvent(payload, path: directory, offset: offset), !summary.event.id.hasPrefix("evt_t") {
-                    derived = max(derived ?? 0, summary.event.logSequence)
+        do {
+            _ = try Self.scan(fd: fd, path: directory) { tag, payload, _, _ in
+                if tag == UInt8(ascii: "Q") {
+                    derived = max(derived ?? 0, UInt64(String(decoding: payload, as: UTF8.self)) ?? 0)
                 }
-            default:
-                break
-            }
-        } torn: { _, _ in }
-        return derived
+            } torn: { _, _ in }
+        } catch {
+            return .present(derivedThrough: nil)
+        }
+        return .present(derivedThrough: derived)
     }
 
     private init(path: String, state: State) {
@@ -444,6 +483,18 @@ public final class Outbox: Sendable {
     }
 
     public var timeCursor: Int64 { self.state.withLock { $0.timeCursor } }
+
+    /// Fleet mode: how far this server has read the events and the delivery states the
+    /// others shared (kept at each sync, so that a restart reads on from there).
+    public var coordinationCursors: (events: Int64, deliveries: Int64) {
+        get { self.state.withLock { $0.cursors } }
+        set { self.state.withLock { $0.cursors = newValue } }
+    }
+
+    /// Whether event `id` was held and forgotten lately (delivered, or dropped).
+    public func isForgotten(_ id: String) -> Bool {
+        self.state.withLock { $0.tombstones.contains(id) }
+    }
     public var derivedThrough: UInt64 { self.state.withLock { $0.derivedThrough } }
     public var failure: String? { self.state.withLock { $0.failure } }
     /// Bytes in the file, and bytes of the events it still holds.
@@ -494,6 +545,10 @@ public final class Outbox: Sendable {
                 if state.derivedThrough != state.writtenDerivedThrough {
                     Self.write(Self.line("Q", Array(String(state.derivedThrough).utf8)), to: &state)
                     state.writtenDerivedThrough = state.derivedThrough
+                }
+                if state.cursors != state.writtenCursors {
+                    Self.write(Self.line("C", Array("\(state.cursors.events) \(state.cursors.deliveries)".utf8)), to: &state)
+                    state.writtenCursors = state.cursors
                 }
                 if state.timeCursor != state.writtenTimeCursor, state.dirty || state.timeCursor - state.writtenTimeCursor >= 60_000 {
                     Self.write(Self.line("T", Array(String(state.timeCursor).utf8)), to: &state)
@@ -557,6 +612,7 @@ public final class Outbox: Sendable {
         var bytes = Self.line("H", Array(#"{"version":1}"#.utf8))
         bytes += Self.line("Q", Array(String(state.derivedThrough).utf8))
         bytes += Self.line("T", Array(String(state.timeCursor).utf8))
+        bytes += Self.line("C", Array("\(state.cursors.events) \(state.cursors.deliveries)".utf8))
         var offsets: [(String, UInt64)] = []
         var live: UInt64 = 0
         var sizes: [String: UInt64] = [:]

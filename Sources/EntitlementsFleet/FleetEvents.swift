@@ -85,7 +85,10 @@ public final class FleetEvents: EventCoordinator {
             let decoder = JSONDecoder()
             for try await (seq, summary, body) in rows.decode((Int64, String, ByteBuffer).self) {
                 last = seq
-                let stored = try decoder.decode(StoredSummary.self, from: Data(summary.utf8))
+                guard let stored = try? decoder.decode(StoredSummary.self, from: Data(summary.utf8)) else {
+                    logger.warning("events: a shared event (row \(seq)) does not decode; skipped (written by a newer server?)")
+                    continue
+                }
                 events.append(SharedEvent(summary: stored.event, destinations: stored.destinations, body: Array(buffer: body)))
             }
             return (events, last)
@@ -130,21 +133,43 @@ public final class FleetEvents: EventCoordinator {
                 "SELECT changed, event_id, destination, state, redeliver FROM event_deliveries WHERE changed > \(cursor) ORDER BY changed LIMIT \(Int64(limit))",
                 logger: logger
             )
-            var deliveries: [SharedDelivery] = []
-            var last = cursor
-            let decoder = JSONDecoder()
-            for try await (changed, id, destination, state, redeliver) in rows.decode((Int64, String, String, String, Bool).self) {
-                last = changed
-                let delivery = try decoder.decode(EventLedger.Delivery.self, from: Data(state.utf8))
-                deliveries.append(SharedDelivery(eventId: id, destination: destination, delivery: delivery, redeliver: redeliver))
-            }
-            return (deliveries, last)
+            let (deliveries, last) = try await Self.decodeDeliveries(rows, logger: logger)
+            return (deliveries, last ?? cursor)
         }
+    }
+
+    public func deliveries(of eventIds: [String]) async throws -> [SharedDelivery] {
+        guard !eventIds.isEmpty else { return [] }
+        return try await self.run("read the event deliveries") { connection, logger in
+            let rows = try await connection.query(
+                "SELECT changed, event_id, destination, state, redeliver FROM event_deliveries WHERE event_id = ANY(\(eventIds)::text[])",
+                logger: logger
+            )
+            return try await Self.decodeDeliveries(rows, logger: logger).deliveries
+        }
+    }
+
+    /// Rows of `event_deliveries` (changed, event_id, destination, state, redeliver); one
+    /// that does not decode (a newer server's) is skipped and logged, not fatal.
+    static func decodeDeliveries(_ rows: PostgresRowSequence, logger: Logger) async throws -> (deliveries: [SharedDelivery], last: Int64?) {
+        var deliveries: [SharedDelivery] = []
+        var last: Int64?
+        let decoder = JSONDecoder()
+        for try await (changed, id, destination, state, redeliver) in rows.decode((Int64, String, String, String, Bool).self) {
+            last = changed
+            guard let delivery = try? decoder.decode(EventLedger.Delivery.self, from: Data(state.utf8)) else {
+                logger.warning("events: the delivery state of \(id) for \(destination) does not decode; skipped (written by a newer server?)")
+                continue
+            }
+            deliveries.append(SharedDelivery(eventId: id, destination: destination, delivery: delivery, redeliver: redeliver))
+        }
+        return (deliveries, last)
     }
 
     public func prune(deliveredBefore age: Duration) async throws {
         let seconds = age.components.seconds
-        try await self.transaction("prune delivered events") { connection, logger in
+        // Deletes take no number from the sequence: no ordering lock.
+        try await self.run("prune delivered events") { connection, logger in
             try await connection.query(
                 """
                 DELETE FROM events e WHERE e.created_at < now() - \(seconds) * interval '1 second'

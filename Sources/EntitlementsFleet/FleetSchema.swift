@@ -244,6 +244,7 @@ public enum FleetSchema {
             )
             """,
             "CREATE INDEX event_deliveries_changed ON event_deliveries (changed)",
+            "CREATE INDEX events_created_at ON events (created_at)",
         ],
     ]
 

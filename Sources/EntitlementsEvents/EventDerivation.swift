@@ -132,7 +132,13 @@ public enum EventDerivation {
                 continue
             }
             switch (old.revocationDate, transaction.revocationDate) {
-            case (nil, .some): events.append(event(.refund))
+            case (nil, .some(let revoked)):
+                // A chain the store ended early (its state's endedDate) cuts its running
+                // transaction there: an end of access, not a refund.
+                let ended = after.subscriptions.contains {
+                    $0.store == transaction.store && $0.originalTransactionId == transaction.originalTransactionId && $0.endedDate == revoked
+                }
+                events.append(event(ended ? .expiration : .refund))
             case (.some, nil): events.append(event(.refundReversed))
             default: break
             }

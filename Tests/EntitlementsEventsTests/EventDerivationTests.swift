@@ -93,4 +93,15 @@ struct EventDerivationTests {
         #expect(EventDerivation.timeEvents(from: Self.answer(["a": true, "b": false]), to: Self.answer(["a": false, "b": true])).map(\.entitlementId)
             == ["a", "a", "b"])
     }
+
+    @Test("a chain the store ended early is an EXPIRATION, not a REFUND; a revocation alone is a REFUND")
+    func endedEarly() {
+        let running = Self.transaction("t1", date: 0, type: .subscriptionStarted)
+        var ended = running
+        ended.revocationDate = 10 * Self.day
+        let state = SubscriptionState(store: .appstore, originalTransactionId: "chain-1", autoRenewEnabled: false, endedDate: 10 * Self.day)
+        // (First seen with auto-renew off: also a CANCELLATION, as for any chain.)
+        #expect(Self.types(Self.record([running]), Self.record([ended], subscriptions: [state])) == [.expiration, .cancellation])
+        #expect(Self.types(Self.record([running]), Self.record([ended])) == [.refund])
+    }
 }

@@ -47,19 +47,34 @@ struct AppleLikeCertificates: Sendable {
         }
     }
 
+    /// Runs openssl in the directory with posix_spawn and waitpid, its output in a file:
+    /// not Foundation's Process with a pipe, whose read to the end never ends when another
+    /// test's long-lived child (a postmaster, a server) inherited the pipe's write end while
+    /// it was open, and which held this lazily made fixture's once-lock, and with it every
+    /// test waiting for it, for good (seen in CI).
     private func openssl(_ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        process.arguments = arguments
-        process.currentDirectoryURL = URL(fileURLWithPath: self.directory)
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let said = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw AppStoreRootError(message: "openssl \(arguments.joined(separator: " ")): \(String(decoding: said, as: UTF8.self))")
+        let outputPath = self.path("openssl-\(UUID().uuidString).out")
+        defer { unlink(outputPath) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        let command = "cd '\(self.directory)' && exec /usr/bin/openssl " + arguments.map { "'\($0)'" }.joined(separator: " ")
+        let words: [String] = ["/bin/sh", "-c", command]
+        var argv: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        let spawned = posix_spawn(&pid, "/bin/sh", &actions, nil, &argv, environ)
+        guard spawned == 0 else {
+            throw AppStoreRootError(message: "cannot run openssl: \(String(cString: strerror(spawned)))")
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0, errno == EINTR {}
+        guard status == 0 else {
+            let said = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+            throw AppStoreRootError(message: "openssl \(arguments.joined(separator: " ")): \(said)")
         }
     }
 

@@ -74,8 +74,6 @@ struct TimeSchedule: Sendable {
     private var current: [String: (at: Int64, generation: UInt64)] = [:]
     private var generation: UInt64 = 0
 
-    var count: Int { self.current.count }
-
     /// `customerId`'s next change is at `instant` (nil: none).
     mutating func set(_ customerId: String, at instant: Int64?) {
         guard let instant else {

@@ -108,8 +108,6 @@ public struct EventLedger: Sendable {
         }
     }
 
-    public var destinationNames: [String] { self.lanes.keys.sorted() }
-
     /// Adds a derived event, queued to each of `destinations` this ledger delivers to.
     /// Returns false (and changes nothing) if an event with its id is held already.
     @discardableResult
@@ -181,14 +179,6 @@ public struct EventLedger: Sendable {
             return ids
         } ?? []
         return ids.compactMap { self.entries[$0] }
-    }
-
-    /// When `destination` next has something due, if anything is waiting.
-    public func nextDue(for destination: String) -> Int64? {
-        guard let lane = self.lanes[destination], lane.disabled == nil else {
-            return nil
-        }
-        return lane.ready.min?.at
     }
 
     /// The outcome of sending event `id` to `destination` at `now`: delivered, or failed
@@ -382,7 +372,6 @@ struct Heap<Element: Comparable & Sendable>: Sendable {
     private var items: [Element] = []
 
     var min: Element? { self.items.first }
-    var count: Int { self.items.count }
 
     mutating func append(_ element: Element) {
         self.items.append(element)

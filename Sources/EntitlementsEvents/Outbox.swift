@@ -84,11 +84,8 @@ public final class Outbox: Sendable {
 
     /// What opening found.
     public struct Opened: Sendable {
-        /// A new outbox: it starts with the writes after the store's opening.
-        public var created: Bool
         /// A torn last line cut off (its event is derived again from the log).
         public var tornBytes: UInt64
-        public var events: Int
         /// Where an outbox of another history (its writes past the store's) was set aside.
         public var setAside: String?
     }
@@ -101,7 +98,7 @@ public final class Outbox: Sendable {
         try Self.makeDirectory(directory)
         let path = "\(directory)/\(Self.fileName)"
         var ledger = EventLedger(destinations: destinations, policy: policy)
-        var opened = Opened(created: false, tornBytes: 0, events: 0)
+        var opened = Opened(tornBytes: 0)
         var derivedThrough: UInt64 = 0
         var timeCursor: Int64 = now
         var size: UInt64 = 0
@@ -109,7 +106,6 @@ public final class Outbox: Sendable {
         if access(path, F_OK) != 0, errno == ENOENT {
             // Written whole to a temporary file and renamed: a crash leaves the old state or
             // the new one, never a file that would take every write in the log for new.
-            opened.created = true
             let contents = Self.line("H", Array(#"{"version":1}"#.utf8)) + Self.line("Q", Array(String(startingAfter).utf8)) + Self.line("T", Array(String(now).utf8))
             let temporary = path + ".new"
             let fd = try Self.create(temporary, contents: contents)
@@ -206,7 +202,6 @@ public final class Outbox: Sendable {
             state.writtenDerivedThrough = startingAfter
         }
         state.removeDelivered(now: now)
-        opened.events = state.ledger.entries.count
         return (Outbox(path: path, state: state), opened)
     }
 

@@ -46,7 +46,7 @@ class NearCache:
         self.max_entries = max_entries
         self.liveness = liveness   # rule 6: seconds between proofs that the watch's channel answers
         self.lock = threading.Lock()
-        self.kept = collections.OrderedDict()           # user id -> CheckEntitlementsResponse
+        self.kept = collections.OrderedDict()           # user id -> (CheckEntitlementsResponse, kept at)
         self.alias_keys = collections.defaultdict(set)  # customer id -> other user ids kept for it
         self.epoch = 0             # bumped whenever everything kept is forgotten for a new watch
         self.watch_from = None     # rule 2: S, the first kept answer's log_sequence
@@ -70,10 +70,13 @@ class NearCache:
                 user_id=user, environment=environment, entitlement_ids=entitlement_ids, min_log_sequence=min_log_sequence), timeout=timeout)
         instant = now_ms()
         with self.lock:
-            answer = self.kept.get(user) if self.live and not self.lost else None
+            kept = self.kept.get(user) if self.live and not self.lost else None
+            answer = kept[0] if kept is not None else None
             if answer is not None and answer.HasField("valid_until") and instant >= answer.valid_until:
                 del self.kept[user]                 # rule 1: never past validUntil
                 answer = None
+            if answer is not None and instant < kept[1]:
+                answer = None                       # rule 1: nor before it arrived (another thread's clock read)
             if answer is not None and min_log_sequence > answer.log_sequence:
                 answer = None                       # rule 5
             if answer is not None:
@@ -139,7 +142,7 @@ class NearCache:
             customer = answer.customer_id if answer.HasField("customer_id") else user
             # Rule 3: no event that names it arrived while it was in flight.
             if covered and self._unnamed_since(events, {user, customer}):
-                self.kept[user] = answer
+                self.kept[user] = (answer, now_ms())   # served from now on (rule 1)
                 self.kept.move_to_end(user)
                 if customer != user:
                     self.alias_keys[customer].add(user)
@@ -147,7 +150,7 @@ class NearCache:
                     self.kept.popitem(last=False)
                 if len(self.alias_keys) > 2 * self.max_entries:   # evicted answers leave it
                     self.alias_keys = collections.defaultdict(set)
-                    for kept_user, kept in self.kept.items():
+                    for kept_user, (kept, _) in self.kept.items():
                         if kept.HasField("customer_id") and kept.customer_id != kept_user:
                             self.alias_keys[kept.customer_id].add(kept_user)
         if start is not None:

@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "doors"))
 sys.path.insert(0, os.path.join(HERE, "..", "storeharness"))
+import near_cache as reference  # noqa: E402
 from near_cache import NearCache, now_ms  # noqa: E402
 from stubs import svc, types, service_pb2_grpc  # noqa: E402
 from harness import FAILURES, check  # noqa: E402
@@ -151,6 +152,28 @@ class FreezingProxy:
             s.close()
 
 
+def not_before_kept(cache):
+    """Rule 1's other end: a kept answer is not served for an instant before it arrived.
+    Under load, one thread reads the clock, then another keeps an answer that includes a
+    grant starting after that instant: served at the first thread's instant, it would say
+    the grant was active before it began."""
+    user = "py-load-0"
+    cache.check(user)
+    hits = cache.hits
+    cache.check(user)
+    check(cache.hits == hits + 1, "a kept answer is served")
+    kept_at = cache.kept[user][1]
+    real = reference.now_ms
+    reference.now_ms = lambda: kept_at - 1      # the clock as the other thread read it
+    try:
+        answer = cache.check(user)
+    finally:
+        reference.now_ms = real
+    check(cache.hits == hits + 1 and answer.request_date >= kept_at,
+          "a kept answer is not served for an instant before it was kept (asked at %d, kept at %d: %s)"
+          % (kept_at - 1, kept_at, "went to the server" if cache.hits == hits + 1 else "served"))
+
+
 def silent_connection(server, writer_stub):
     """Rule 6: a watch whose connection goes silent is lost, and nothing kept is served."""
     proxy = FreezingProxy(server.grpc_port)
@@ -212,6 +235,7 @@ def main():
             time.sleep(0.005)
         check(cache.check(ALIAS).customer_id == users[0], "an alias linked by a write is answered as its customer")
         check(cache.live, "the reference's watch connects")
+        not_before_kept(cache)
 
         done = threading.Event()
         observations, failures, lock = [], [0], threading.Lock()

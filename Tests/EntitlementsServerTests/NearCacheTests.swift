@@ -267,7 +267,8 @@ final class RestartableServer: @unchecked Sendable {
 struct NearCacheLoadTests {
     enum Change: Sendable {
         case grant(id: String, from: Int64, until: Int64?)
-        case revoke(id: String)
+        /// A revocation from `at` on (its revokedDate: before it, the grant still counts).
+        case revoke(id: String, at: Int64)
         case move(alias: String, from: String)
     }
 
@@ -316,16 +317,21 @@ struct NearCacheLoadTests {
         guard let owner else {
             return response.entitlements.isEmpty ? nil : "an unknown user with entitlements at \(sequence)"
         }
-        var grants: [String: (from: Int64, until: Int64?, revoked: Bool)] = [:]
+        var grants: [String: (from: Int64, until: Int64?, revoked: Int64?)] = [:]
         for write in upTo where write.user == owner {
             switch write.change {
-            case .grant(let id, let from, let until): grants[id] = (from, until, false)
-            case .revoke(let id): grants[id]?.revoked = true
+            case .grant(let id, let from, let until): grants[id] = (from, until, nil)
+            case .revoke(let id, let at): grants[id]?.revoked = at
             case .move: break
             }
         }
         let instant = response.requestDate ?? 0
-        let expected = Set(grants.filter { !$0.value.revoked && $0.value.from <= instant && $0.value.until.map { instant < $0 } ?? true }.keys).union(["base"])
+        // Entitlement rules 4: active from grantedDate, before expirationDate and before
+        // revokedDate. A check that read its instant before a revocation was written, and
+        // the record after, rightly shows the grant active at that instant.
+        let expected = Set(grants.filter { grant in
+            grant.value.from <= instant && grant.value.until.map { instant < $0 } ?? true && grant.value.revoked.map { instant < $0 } ?? true
+        }.keys).union(["base"])
         let active = Set(response.entitlements.filter(\.isActive).compactMap(\.id))
         guard active == expected else {
             return "at \(instant) with writes up to \(sequence): active \(active.sorted()), expected \(expected.sorted())"
@@ -405,7 +411,7 @@ struct NearCacheLoadTests {
                 } else if roll < 5, let grant = live[user]?.randomElement(using: &generator) {
                     let response: WriteResponse = try await writer.call(.revokeGrant, RevokeGrantRequest(userId: user, grantId: grant, revokedDate: sent))
                     live[user]?.removeAll { $0 == grant }
-                    writes.append(Write(user: user, change: .revoke(id: grant), sequence: response.logSequence, acknowledged: WallClock.unixMilliseconds()))
+                    writes.append(Write(user: user, change: .revoke(id: grant, at: sent), sequence: response.logSequence, acknowledged: WallClock.unixMilliseconds()))
                 } else {
                     let grant = "e\(counter)"
                     let until = Bool.random(using: &generator) ? sent + Int64.random(in: 30...400, using: &generator) : nil

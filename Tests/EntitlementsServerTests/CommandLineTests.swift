@@ -332,12 +332,15 @@ struct CommandLineTests {
         } + [Frame(type: .ping, requestID: 1)]
         let answered = Mutex([0, 0])  // per connection
         let ponged = Mutex(false)
+        let goneAway = Mutex(false)
         let connections = try (0..<2).map { _ in try RawConnection(port: port) }
         let readers = connections.indices.map { index in
             Thread {
                 while let frame = try? connections[index].receive() {
                     if frame.type == .pong {
                         ponged.withLock { $0 = true }
+                    } else if frame.type == .goAway {
+                        goneAway.withLock { $0 = true }
                     } else if frame.type == .response {
                         answered.withLock { $0[index] += 1 }
                     }
@@ -356,7 +359,12 @@ struct CommandLineTests {
         let answeredBeforeSignal = answered.withLock { $0.min()! }
         kill(process.processIdentifier, SIGTERM)
         if how == "second signal" {
-            try await Task.sleep(for: .milliseconds(100))
+            // Once the first has been handled (its GOAWAY is here): two signals that arrive
+            // before the server's handler runs are one to it.
+            let handled = ContinuousClock.now + .seconds(30)
+            while !goneAway.withLock({ $0 }), ContinuousClock.now < handled {
+                try await Task.sleep(for: .milliseconds(5))
+            }
             kill(process.processIdentifier, SIGTERM)
         }
         try await offThePool { process.waitUntilExit() }

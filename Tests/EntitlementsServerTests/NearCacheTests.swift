@@ -148,12 +148,12 @@ struct NearCacheTests {
         let proxy = try await FreezingProxy(to: fixture.port, group: fixture.group)
         let client = EntitlementsClient(configuration: .init(
             server: .tcp(host: "127.0.0.1", port: proxy.port),
-            nearCache: NearCacheConfiguration(budgetBytes: 1 << 20, watchLiveness: .milliseconds(200))
+            nearCache: NearCacheConfiguration(budgetBytes: 1 << 20, watchLiveness: .milliseconds(500))
         ))
         let writer = fixture.client()
         let kept = try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7"))
         try await Self.eventually("the watch connects") { client.nearCacheStatistics?.watching == true }
-        try await Task.sleep(for: .milliseconds(500))  // PINGs answered: the watch holds
+        try await Task.sleep(for: .milliseconds(1_200))  // two PINGs answered: the watch holds
         #expect(client.nearCacheStatistics?.watching == true)
         #expect(try await client.checkEntitlements(CheckEntitlementsRequest(userId: "user-7")).logSequence == kept.logSequence)
         #expect(client.nearCacheStatistics?.hits == 1)

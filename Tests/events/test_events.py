@@ -247,9 +247,13 @@ def test_outage_and_order(receiver):
     for n in range(3):
         server.grant("hal", "h%d" % n, entitlement="e%d" % n)
         server.grant("ivy", "i%d" % n, entitlement="e%d" % n)
-    time.sleep(2.5)
-    listed = server.cli("list", "--failed", "--json")
-    failed = json.loads(listed.stdout)["events"] if listed.returncode == 0 else []
+    failed, deadline = [], time.time() + 15  # each customer's first event tried and failed
+    while time.time() < deadline:
+        listed = server.cli("list", "--failed", "--json")
+        failed = json.loads(listed.stdout)["events"] if listed.returncode == 0 else []
+        if len({e["customerId"] for e in failed}) == 2:
+            break
+        time.sleep(0.25)
     check(failed and all(d["status"] == "retrying" and d["lastResult"] == "HTTP 500" for e in failed for d in e["deliveries"]),
           "events list --failed shows them retrying after HTTP 500 (%s)" % listed.stdout.strip()[:200])
     check(len({e["customerId"] for e in failed}) == 2 and len(failed) == 2, "one event per customer is tried at a time: %s" % [e["id"] for e in failed])

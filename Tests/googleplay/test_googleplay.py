@@ -464,10 +464,13 @@ try:
         if "premium" in check_user("quinn")["entitlements"]:
             break
         time.sleep(0.1)
-    time.sleep(1)
+    for _ in range(100):                     # the acknowledgement follows the write
+        with fake.lock:
+            left = list(fake.pubsub)
+        if left == [waiting]:
+            break
+        time.sleep(0.1)
     check(premium("quinn")["isActive"], "a pulled notification is applied")
-    with fake.lock:
-        left = list(fake.pubsub)
     check(left == [waiting], "the applied message is acknowledged to Pub/Sub, the retried one is not: %r" % left)
     link("rosa", "googleplay:tok-pull-anon")
     for _ in range(100):

@@ -195,7 +195,7 @@ def silent_connection(server, writer_stub):
     """Rule 6: a watch whose connection goes silent is lost, and nothing kept is served."""
     proxy = FreezingProxy(server.grpc_port)
     channel = grpc.insecure_channel("127.0.0.1:%d" % proxy.port)
-    cache = NearCache(service_pb2_grpc.EntitlementServiceStub(channel), liveness=0.2)
+    cache = NearCache(service_pb2_grpc.EntitlementServiceStub(channel), liveness=0.5)
     user = "py-silent"
     cache.check(user)
     deadline = time.time() + 5

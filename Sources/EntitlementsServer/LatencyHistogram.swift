@@ -49,7 +49,10 @@ final class LatencyHistogram: Sendable {
         }
         self.state.withLock { state in
             state.counts[low] += count
-            state.sum += .nanoseconds(nanoseconds) * count
+            // Multiplied as integers: Duration's `*` goes through generic 128-bit arithmetic
+            // (1.3% of the server's CPU at 50 connections x 1, a read of one check each).
+            let (total, overflow) = nanoseconds.multipliedReportingOverflow(by: Int64(count))
+            state.sum += overflow ? .nanoseconds(nanoseconds) * count : .nanoseconds(total)
             state.count += count
         }
     }

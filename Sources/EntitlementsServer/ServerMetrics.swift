@@ -120,7 +120,6 @@ public final class ServerMetrics: Sendable {
             self.otherRequests.increment(by: Int64(count))
             return
         }
-        let factory = self.factory
         let counter = self.requests.withLock { requests in
             if let counter = requests[index][Int(status.rawValue)] {
                 return counter
@@ -128,7 +127,7 @@ public final class ServerMetrics: Sendable {
             let counter = Counter(
                 label: "entitlements_requests_total",
                 dimensions: [("method", "\(method)"), ("status", "\(status)")],
-                factory: factory
+                factory: self.factory  // copied (an existential) only here, once per series
             )
             requests[index][Int(status.rawValue)] = counter
             return counter

@@ -131,6 +131,32 @@ public struct CachedAnswer: Sendable, Hashable {
         }
     }
 
+    /// The exact number of bytes ``writeResponse(userId:customerId:requestDate:staleForMilliseconds:into:)``
+    /// appends with the same arguments: a frame's header, which holds it, is written before
+    /// the answer (the fields 1 to 7 all have one-byte tags).
+    public func responseByteCount(userId: String, customerId: String?, requestDate: Int64, staleForMilliseconds: UInt64 = 0) -> Int {
+        func string(_ bytes: Int) -> Int {
+            1 + ProtobufWriter.varintByteCount(UInt64(bytes)) + bytes
+        }
+        func varint(_ value: UInt64) -> Int {
+            1 + ProtobufWriter.varintByteCount(value)
+        }
+        var count = string(userId.utf8.count) + varint(UInt64(bitPattern: requestDate)) + self.encodedEntitlements.count
+        if let customerId {
+            count += string(customerId.utf8.count)
+        }
+        if let validUntil = self.validUntil {
+            count += varint(UInt64(bitPattern: validUntil))
+        }
+        if self.logSequence != 0 {
+            count += varint(self.logSequence)
+        }
+        if staleForMilliseconds != 0 {
+            count += varint(staleForMilliseconds)
+        }
+        return count
+    }
+
     /// The response as a message (decodes what ``writeResponse(userId:customerId:requestDate:into:)`` writes).
     public func response(userId: String, customerId: String?, requestDate: Int64) throws -> CheckEntitlementsResponse {
         var buffer = ByteBuffer()

@@ -40,6 +40,12 @@ public struct ProtobufWriter {
         self.position += 1
     }
 
+    /// How many bytes ``varint(_:)`` writes for `value`.
+    @inlinable
+    public static func varintByteCount(_ value: UInt64) -> Int {
+        (64 - (value | 1).leadingZeroBitCount + 6) / 7
+    }
+
     /// A field's tag: its number and wire type (0 varint, 2 length-delimited).
     @inlinable
     public mutating func tag(field: UInt64, wireType: UInt64) {

@@ -178,7 +178,12 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// prefetched together, so that their memory misses overlap (``CachePeek``). Changes no
     /// answer; allocates nothing.
     private func prefetchChecks(_ bytes: ByteBuffer) {
-        guard bytes.readableBytes >= 2 * Frame.headerSize else {
+        // Only a read of two frames or more: one check's entry has nothing to overlap with
+        // (its lookup overlaps its own misses), and peeking would hash its key twice.
+        guard bytes.readableBytes >= 2 * Frame.headerSize,
+            let firstLength = bytes.getInteger(at: bytes.readerIndex + Frame.headerSize - 4, as: UInt32.self),
+            Int(firstLength) <= bytes.readableBytes - 2 * Frame.headerSize
+        else {
             return
         }
         bytes.withUnsafeReadableBytes { raw in
@@ -418,9 +423,11 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         }
         switch result {
         case .now(.success(let answer)):
-            // The hot path: written straight into the outgoing bytes, nothing pending.
+            // The hot path: written straight into the outgoing bytes, nothing pending. Nothing
+            // else to do after it: the calls in flight are as they were, a change of
+            // writability comes as its own event (channelWritabilityChanged), and the
+            // connection was open to take the call, so no drain waits for it.
             self.answerCheck(requestID, answer)
-            self.afterCompletion()
         case .now(.failure(let error)):
             self.refuse(requestID, error.status, error.message)
         case .later(let future):
@@ -536,13 +543,19 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// The hot path's answer, ready at once and not yet counted: written in place, held to
     /// ``AnswerLimit`` here (the router never saw its bytes), and counted with its read.
+    /// Its length is known before it is written: the header goes first, once.
     private func answerCheck(_ requestID: UInt64, _ answer: CheckAnswer) {
-        if let refusal = self.writeResponse(requestID, { buffer in
-            answer.write(into: &buffer)
-            return answer.fromCache ? .fromCache : []
-        }) {
+        let length = answer.byteCount
+        if let refusal = AnswerLimit.refusal(byteCount: length) {
+            self.outgoing.writeFrame(.failure(id: requestID, status: refusal.status, message: refusal.message))
+            self.sendOutgoing()
             self.methods.recordAnswers(.checkEntitlements, refusal.status, since: self.current.start)
-        } else if self.inReadBatch {
+            return
+        }
+        self.outgoing.writeFrameHeader(type: .response, flags: answer.fromCache ? .fromCache : [], requestID: requestID, payloadLength: UInt32(length))
+        answer.write(into: &self.outgoing)
+        self.sendOutgoing()
+        if self.inReadBatch {
             self.checksAnsweredInRead += 1  // counted at the end of this read
         } else {
             self.methods.recordAnswers(.checkEntitlements, .ok, since: self.current.start)

@@ -86,7 +86,7 @@ public struct ProtobufCodec: CallCodec {
     }
 
     public func encode(_ answer: CheckAnswer) -> ByteBuffer {
-        self.encoded(capacity: 5 + answer.maximumByteCount) { answer.write(into: &$0) }  // one allocation
+        self.encoded(capacity: 5 + answer.byteCount) { answer.write(into: &$0) }  // one allocation
     }
 
     public func encode(_ answer: BatchCheckAnswer) -> ByteBuffer {
@@ -170,20 +170,9 @@ public enum AnswerLimit {
 }
 
 extension CheckAnswer {
-    /// Nil when the encoded answer fits ``AnswerLimit``; it is measured only when a bound
-    /// on its size does not.
-    /// At least the encoded answer's size (its fields' largest encodings).
-    var maximumByteCount: Int {
-        64 + self.userId.utf8.count + (self.customerId?.utf8.count ?? 0) + self.answer.encodedEntitlements.count
-    }
-
+    /// Nil when the encoded answer fits ``AnswerLimit``.
     var refusalBySize: ServiceError? {
-        guard self.maximumByteCount > AnswerLimit.maximumBytes else {
-            return nil
-        }
-        var buffer = ByteBuffer()
-        self.write(into: &buffer)
-        return AnswerLimit.refusal(byteCount: buffer.readableBytes)
+        AnswerLimit.refusal(byteCount: self.byteCount)
     }
 }
 

@@ -538,6 +538,11 @@ public struct CheckAnswer: Sendable {
         self.answer.writeResponse(userId: self.userId, customerId: self.customerId, requestDate: self.requestDate, staleForMilliseconds: self.staleForMilliseconds, into: &buffer)
     }
 
+    /// The exact size of what ``write(into:)`` writes.
+    public var byteCount: Int {
+        self.answer.responseByteCount(userId: self.userId, customerId: self.customerId, requestDate: self.requestDate, staleForMilliseconds: self.staleForMilliseconds)
+    }
+
     /// The answer as a message (decoded from its bytes: for transports that do not send
     /// protobuf).
     public func response() throws -> CheckEntitlementsResponse {

@@ -219,10 +219,18 @@ struct EntryCache<Entry: CacheEntry>: Sendable {
 
     /// ``answer(for:at:)`` for a key already hashed: `hash` must be ``hash(of:)`` of `key`.
     mutating func answer(for key: CacheKey, hash: UInt32, at instant: Int64) -> Entry? {
+        // The lookup's memory misses overlap rather than come one after another: the sketch's
+        // block loads while the index and the entry are read, and the entry's neighbours'
+        // links and its answer's bytes (which a hit writes and reads) together after.
+        self.sketch?.prefetch(hash)
+        let found = self.slot(of: key, hash: hash)
+        if let found {
+            self.prefetchHit(found)
+        }
         // Hits and misses alike: a miss's answer is usually inserted next, and competes with
         // what it would evict by how often it was asked for.
         self.sketch?.record(hash)
-        guard let slot = self.slot(of: key, hash: hash) else {
+        guard let slot = found else {
             self.statistics.misses += 1
             return nil
         }
@@ -270,33 +278,46 @@ struct EntryCache<Entry: CacheEntry>: Sendable {
                     }
                     candidates.initializeElement(at: found, to: slot)
                     found += 1
-                    // Every cache line the entry spans (it is not aligned to them).
-                    let entry = UnsafeRawPointer(nodes.baseAddress! + Int(slot))
-                    ent_prefetch(entry)
-                    ent_prefetch(entry + 64)
-                    ent_prefetch(entry + MemoryLayout<Node>.size - 1)
+                    Self.prefetchEntry(slot, in: nodes)
                 }
-                // The neighbours' links, then the answer's bytes. Their storage's address is
-                // read as a word from the entry, so that no retain is made (a write to that
-                // storage, which would wait for it); the addresses are only prefetched, never
-                // read, so a wrong guess about the array's layout costs speed, not safety.
                 for slot in candidates[..<found] {
-                    let node = nodes.baseAddress! + Int(slot)
-                    Self.prefetchNeighbours(of: node, in: nodes)
-                    let entry = UnsafeRawPointer(node)
-                    guard let offset = Self.answerStorageOffset,
-                        let storage = UnsafeRawPointer(bitPattern: entry.load(fromByteOffset: offset, as: UInt.self))
-                    else {
-                        continue
-                    }
-                    let end = Self.arrayHeaderBytes + min(Int(nodes[Int(slot)].answerBytes), 4_096)
-                    for line in stride(from: 0, to: end, by: 64) {
-                        ent_prefetch(storage + line)
-                    }
+                    Self.prefetchHit(nodes.baseAddress! + Int(slot), in: nodes)
                 }
             }
         }
         self.statistics.prefetched += UInt64(found)
+    }
+
+    /// Starts loading every cache line the entry in `slot` spans (it is not aligned to them).
+    private static func prefetchEntry(_ slot: Int32, in nodes: UnsafeBufferPointer<Node>) {
+        let entry = UnsafeRawPointer(nodes.baseAddress! + Int(slot))
+        ent_prefetch(entry)
+        ent_prefetch(entry + 64)
+        ent_prefetch(entry + MemoryLayout<Node>.size - 1)
+    }
+
+    /// Starts loading what a hit on `slot` goes on to read and write, without waiting.
+    private func prefetchHit(_ slot: Int32) {
+        self.nodes.withUnsafeBufferPointer { nodes in
+            Self.prefetchHit(nodes.baseAddress! + Int(slot), in: nodes)
+        }
+    }
+
+    /// The neighbours' links, then the answer's bytes, of an entry already loaded. The
+    /// storage's address is read as a word from the entry, so that no retain is made (a
+    /// write to that storage, which would wait for it); the addresses are only prefetched,
+    /// never read, so a wrong guess about the array's layout costs speed, not safety.
+    private static func prefetchHit(_ node: UnsafePointer<Node>, in nodes: UnsafeBufferPointer<Node>) {
+        Self.prefetchNeighbours(of: node, in: nodes)
+        guard let offset = Self.answerStorageOffset,
+            let storage = UnsafeRawPointer(bitPattern: UnsafeRawPointer(node).load(fromByteOffset: offset, as: UInt.self))
+        else {
+            return
+        }
+        let end = Self.arrayHeaderBytes + min(Int(node.pointee.answerBytes), 4_096)
+        for line in stride(from: 0, to: end, by: 64) {
+            ent_prefetch(storage + line)
+        }
     }
 
     /// Starts loading the recency links of `node`'s neighbours in the list, which moving

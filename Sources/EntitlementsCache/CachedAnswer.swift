@@ -104,8 +104,7 @@ public struct CachedAnswer: Sendable, Hashable {
         var userId = userId
         let hasCustomer = customerId != nil
         var customerId = customerId ?? ""
-        // Two strings (tag, up to 5 length bytes) and four 64-bit fields (tag, up to 10 bytes).
-        let most = 12 + userId.utf8.count + customerId.utf8.count + 44 + self.encodedEntitlements.count
+        let most = self.responseReservation(userId: userId, customerId: customerId)
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: most) { out in
             var writer = ProtobufWriter(out: out)
             writer.string(field: 1, &userId)
@@ -129,6 +128,14 @@ public struct CachedAnswer: Sendable, Hashable {
             }
             return writer.position
         }
+    }
+
+    /// The room ``writeResponse(userId:customerId:requestDate:staleForMilliseconds:into:)``
+    /// reserves before it writes: every field at its largest encoding (two strings with a tag
+    /// and up to 5 length bytes, four 64-bit fields with a tag and up to 10 bytes). A buffer
+    /// made for one response with this much room is never grown.
+    public func responseReservation(userId: String, customerId: String?) -> Int {
+        12 + userId.utf8.count + (customerId?.utf8.count ?? 0) + 44 + self.encodedEntitlements.count
     }
 
     /// The exact number of bytes ``writeResponse(userId:customerId:requestDate:staleForMilliseconds:into:)``

@@ -86,7 +86,7 @@ public struct ProtobufCodec: CallCodec {
     }
 
     public func encode(_ answer: CheckAnswer) -> ByteBuffer {
-        self.encoded(capacity: 5 + answer.byteCount) { answer.write(into: &$0) }  // one allocation
+        self.encoded(capacity: 5 + answer.reservedByteCount) { answer.write(into: &$0) }  // one allocation
     }
 
     public func encode(_ answer: BatchCheckAnswer) -> ByteBuffer {

@@ -538,6 +538,11 @@ public struct CheckAnswer: Sendable {
         self.answer.writeResponse(userId: self.userId, customerId: self.customerId, requestDate: self.requestDate, staleForMilliseconds: self.staleForMilliseconds, into: &buffer)
     }
 
+    /// The room ``write(into:)`` reserves before writing (more than ``byteCount``).
+    public var reservedByteCount: Int {
+        self.answer.responseReservation(userId: self.userId, customerId: self.customerId)
+    }
+
     /// The exact size of what ``write(into:)`` writes.
     public var byteCount: Int {
         self.answer.responseByteCount(userId: self.userId, customerId: self.customerId, requestDate: self.requestDate, staleForMilliseconds: self.staleForMilliseconds)

@@ -173,6 +173,11 @@ final class RawConnection: @unchecked Sendable {
         _ = Glibc.shutdown(self.socket, Int32(SHUT_RDWR))
     }
 
+    /// Sends a FIN and keeps reading: `shutdown(SHUT_WR)`.
+    func finishSending() {
+        _ = Glibc.shutdown(self.socket, Int32(SHUT_WR))
+    }
+
     /// Sends what the socket takes now; returns how many bytes that was.
     func sendWithoutBlocking(_ bytes: [UInt8]) -> Int {
         bytes.withUnsafeBytes { raw in

@@ -77,6 +77,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     private let credentials: ConnectionCredentials
     private var inReadBatch = false
     private var needsFlush = false
+    /// This loop's end-of-tick flush, and whether this connection is on its list.
+    private var tickFlush: TickFlush!
+    private var flushQueued = false
     /// Frames not yet handed to the channel (see `sendOutgoing`).
     private var outgoing = ByteBuffer()
     private var context: ChannelHandlerContext!
@@ -100,6 +103,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        self.tickFlush = TickFlush.current(on: context.eventLoop)
         self.outgoing = context.channel.allocator.buffer(capacity: Self.outgoingInitialCapacity)
         self.armIdleTimer(at: NIODeadline.now() + self.configuration.idleTimeout)
     }
@@ -258,9 +262,32 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
+        let read = self.inReadBatch
         self.inReadBatch = false
-        self.flushIfNeeded()
+        if self.needsFlush {
+            if read {
+                // The read's answers go out with the other connections' of this loop tick,
+                // once every read of the tick is handled (``TickFlush``).
+                if !self.flushQueued {
+                    self.flushQueued = true
+                    self.tickFlush.flushLater(self)
+                }
+            } else {
+                // A read complete with no read before it is NIO's at the client's FIN, just
+                // before it closes the channel: what was answered goes out now, before the
+                // server's FIN, as it did when every read was flushed at its end.
+                self.flushIfNeeded()
+            }
+        }
         context.fireChannelReadComplete()
+    }
+
+    /// ``TickFlush``'s call at the end of the loop tick in which this connection read.
+    func flushAtTickEnd() {
+        self.flushQueued = false
+        if self.context != nil {
+            self.flushIfNeeded()
+        }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
@@ -619,9 +646,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.sendOutgoing()
     }
 
-    /// Frames written into `outgoing` go out with one write and one flush per read batch
-    /// (at its end, or as soon as 16 KiB are waiting), or at once outside a read batch (a
-    /// hop's answer, a watch event, a timer).
+    /// Frames written into `outgoing` during read batches go out with one write and one
+    /// flush at the end of the loop tick (``TickFlush``; several reads of one tick share it),
+    /// or as soon as 16 KiB are waiting; outside a read batch (a hop's answer, a watch
+    /// event, a timer) at once, with whatever the tick's reads left waiting.
     private func sendOutgoing() {
         if !self.state.isReadingFrames {
             // The connection's last frame (the final answer, a GOAWAY or an ERROR) is out:
@@ -646,6 +674,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// batch was, so that a steady pipelined load does not grow it again by doubling (a
     /// `realloc` each time). A buffer grown by a large answer is not kept.
     private func flushOutgoing() {
+        self.needsFlush = false  // whatever waited goes now
         let batch = self.outgoing.readableBytes
         if batch > 0 {
             self.context.write(self.wrapOutboundOut(self.outgoing), promise: nil)
@@ -691,7 +720,6 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         guard let context = self.context, self.state.close() else {
             return  // already closing
         }
-        self.needsFlush = false
         self.flushOutgoing()
         self.updateReading()
         let linger = self.configuration.closeLinger

@@ -87,6 +87,39 @@ struct TickFlushTests {
         try await fixture.stop()
     }
 
+    @Test("checks that exactly fill NIO's first read buffer (2,048 bytes), then the FIN: NIO reads again at once, finds the FIN and closes after one read complete; the answers still go out")
+    func answeredBeforeFinAfterAFullRead() async throws {
+        let fixture = try await ServerFixture(loops: 1)  // every user's answer cached at start
+        for user in 0..<20 {
+            var frames = Self.checks(round: 0, user: user)
+            // The last check padded with an unknown field (number 100; protobuf skips it)
+            // so that the frames come to NIO's initial read size exactly.
+            let others = frames.dropLast().reduce(0) { $0 + Frame.headerSize + $1.payload.readableBytes }
+            var payload = frames[frames.count - 1].payload
+            let room = 2_048 - others - Frame.headerSize - payload.readableBytes - 2  // the field's tag: 2 bytes
+            let padding = room - (room - 1 < 128 ? 1 : 2)  // its length: a varint of 1 or 2 bytes
+            payload.writeBytes([0xA2, 0x06])
+            payload.writeBytes(padding < 128 ? [UInt8(padding)] : [UInt8(padding & 0x7F | 0x80), UInt8(padding >> 7)])
+            payload.writeRepeatingByte(0x2A, count: padding)
+            frames[frames.count - 1].payload = payload
+            let connection = try RawConnection(port: fixture.port)
+            var bytes = ByteBuffer()
+            frames.forEach { bytes.writeFrame($0) }
+            #expect(bytes.readableBytes == 2_048)
+            connection.send(bytes: Array(bytes.readableBytesView))
+            connection.finishSending()
+            let ids = try await offThePool {
+                var ids: [UInt64] = []
+                while let frame = try connection.receive() {
+                    ids.append(frame.requestID)
+                }
+                return ids
+            }
+            #expect(ids == Array(1...UInt64(Self.checksPerRound)), "user-\(user)")
+        }
+        try await fixture.stop()
+    }
+
     static func checks(round: Int, user: Int) -> [Frame] {
         (0..<Self.checksPerRound).map { offset in
             RawConnection.request(UInt64(round * Self.checksPerRound + offset + 1), CheckEntitlementsRequest(userId: "user-\(user)", at: now))

@@ -80,6 +80,10 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     /// This loop's end-of-tick flush, and whether this connection is on its list.
     private var tickFlush: TickFlush!
     private var flushQueued = false
+    /// Whether a read's answers may wait for the end of the tick: not under TLS (below).
+    private var defersFlush = false
+    /// Whether the last read filled NIO's buffer (NIO then read again at once).
+    private var lastReadFilledBuffer = false
     /// Frames not yet handed to the channel (see `sendOutgoing`).
     private var outgoing = ByteBuffer()
     private var context: ChannelHandlerContext!
@@ -104,6 +108,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         self.tickFlush = TickFlush.current(on: context.eventLoop)
+        self.defersFlush = self.credentials.security.tls == nil
         self.outgoing = context.channel.allocator.buffer(capacity: Self.outgoingInitialCapacity)
         self.armIdleTimer(at: NIODeadline.now() + self.configuration.idleTimeout)
     }
@@ -156,6 +161,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             return
         }
         let bytes = self.unwrapInboundIn(data)
+        self.lastReadFilledBuffer = bytes.writableBytes == 0
         if self.received == self.consumed {
             self.prefetchChecks(bytes)  // the read starts with a frame: no part of one is held
         }
@@ -264,20 +270,26 @@ final class ServerConnectionHandler: ChannelInboundHandler {
     func channelReadComplete(context: ChannelHandlerContext) {
         let read = self.inReadBatch
         self.inReadBatch = false
-        if self.needsFlush {
-            if read {
-                // The read's answers go out with the other connections' of this loop tick,
-                // once every read of the tick is handled (``TickFlush``).
-                if !self.flushQueued {
-                    self.flushQueued = true
-                    self.tickFlush.flushLater(self)
-                }
-            } else {
-                // A read complete with no read before it is NIO's at the client's FIN, just
-                // before it closes the channel: what was answered goes out now, before the
-                // server's FIN, as it did when every read was flushed at its end.
-                self.flushIfNeeded()
+        guard self.needsFlush else {
+            context.fireChannelReadComplete()
+            return
+        }
+        if read, self.defersFlush, !self.lastReadFilledBuffer {
+            // The read's answers go out with the other connections' of this loop tick, once
+            // every read of the tick is handled (``TickFlush``).
+            if !self.flushQueued {
+                self.flushQueued = true
+                self.tickFlush.flushLater(self)
             }
+        } else {
+            // NIO may close the channel right after this read complete, and what waits for
+            // the tick's end would then be lost: answers made before a client's FIN go out
+            // before the server's, as when every read was flushed at its end. That is when
+            // no read came before it (NIO's read complete at a FIN), when the read filled
+            // NIO's buffer (NIO read again at once, and may have found the FIN), and under
+            // TLS (NIOSSLHandler passes on no read complete at a FIN, and closes right after
+            // the read that carried a close_notify).
+            self.flushIfNeeded()
         }
         context.fireChannelReadComplete()
     }

@@ -12,7 +12,7 @@ import NIOPosix
 ///
 /// One per event loop thread, used only on it (`@unchecked Sendable` because a
 /// `ThreadSpecificVariable` asks for it: each value is reached only from its own thread,
-/// and every entry point checks the loop).
+/// which ``current(on:)`` checks, and ``flushLater(_:)`` in debug builds).
 final class TickFlush: @unchecked Sendable {
     private static let perThread = ThreadSpecificVariable<TickFlush>()
 

@@ -75,14 +75,7 @@ struct TickFlushTests {
             let connection = try RawConnection(port: fixture.port)
             connection.send(Self.checks(round: 0, user: user))
             connection.finishSending()
-            let ids = try await offThePool {
-                var ids: [UInt64] = []
-                while let frame = try connection.receive() {
-                    ids.append(frame.requestID)
-                }
-                return ids
-            }
-            #expect(ids == Array(1...UInt64(Self.checksPerRound)), "user-\(user)")
+            #expect(try await Self.answeredIds(connection) == Array(1...UInt64(Self.checksPerRound)), "user-\(user)")
         }
         try await fixture.stop()
     }
@@ -108,16 +101,20 @@ struct TickFlushTests {
             #expect(bytes.readableBytes == 2_048)
             connection.send(bytes: Array(bytes.readableBytesView))
             connection.finishSending()
-            let ids = try await offThePool {
-                var ids: [UInt64] = []
-                while let frame = try connection.receive() {
-                    ids.append(frame.requestID)
-                }
-                return ids
-            }
-            #expect(ids == Array(1...UInt64(Self.checksPerRound)), "user-\(user)")
+            #expect(try await Self.answeredIds(connection) == Array(1...UInt64(Self.checksPerRound)), "user-\(user)")
         }
         try await fixture.stop()
+    }
+
+    /// The request ids of the frames `connection` receives until the server's FIN.
+    static func answeredIds(_ connection: RawConnection) async throws -> [UInt64] {
+        try await offThePool {
+            var ids: [UInt64] = []
+            while let frame = try connection.receive() {
+                ids.append(frame.requestID)
+            }
+            return ids
+        }
     }
 
     static func checks(round: Int, user: Int) -> [Frame] {

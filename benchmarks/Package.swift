@@ -112,6 +112,17 @@ let package = Package(
             path: "Sources/NearCacheLoad",
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // Writes under watches of every customer: rate and server CPU per write as the
+        // watches keep more customers.
+        .executableTarget(
+            name: "WatchFanout",
+            dependencies: [
+                .product(name: "EntitlementsClient", package: mainPackage),
+                .product(name: "EntitlementsMessages", package: mainPackage),
+            ],
+            path: "Sources/WatchFanout",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // The least a framed server on swift-nio can do per request (README, "The NIO floor").
         .executableTarget(
             name: "NIOFloor",

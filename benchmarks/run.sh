@@ -56,6 +56,7 @@ swift build -c $SERVER_CONFIG --product entitlements
 swift build -c release --package-path benchmarks --product LoadGen
 swift build -c release --package-path benchmarks --product GRPCPeer
 swift build -c release --package-path benchmarks --product NearCacheLoad
+swift build -c release --package-path benchmarks --product WatchFanout
 ENT=.build/$SERVER_CONFIG/entitlements
 LOAD=benchmarks/.build/release/LoadGen
 GRPC=benchmarks/.build/release/GRPCPeer
@@ -71,7 +72,7 @@ g++ -O2 -std=c++17 benchmarks/peers/grpc-cpp/peer.cc -o "$WORK/grpc-cpp-peer" $(
 # date, door-h2load.sh its door-h2load.txt beside them.
 mkdir -p "$OUT"
 find "$OUT" -maxdepth 1 -type f \( -name '*-run*.json' -o -name '*-run*.hgrm' -o -name '*-rss-kib.txt' \
-  -o -name '*-cache-run*.txt' -o -name 'nearcache-run*.json' -o -name summary.md -o -name latency.png -o -name redis-benchmark-get.csv \) -delete
+  -o -name '*-cache-run*.txt' -o -name 'nearcache-run*.json' -o -name 'watchfanout-run*.json' -o -name summary.md -o -name latency.png -o -name redis-benchmark-get.csv \) -delete
 $ENT snapshot generate --customers $CUSTOMERS --seed 1 --output "$WORK/data.snap" >/dev/null
 $ENT snapshot generate --customers $COLD_CUSTOMERS --seed 2 --output "$WORK/cold.snap" >/dev/null
 # The answers the gRPC peers serve: the bytes Redis holds (LoadGen export-answers).
@@ -208,6 +209,13 @@ for ROUND in $(seq 1 $RUNS); do
   $CLIENT_CPU benchmarks/.build/release/NearCacheLoad --entitlements $ENT --snapshot "$WORK/cold.snap" --data-dir "$WORK/nc-data" \
     --port $PORT $( [ -n "$SERVER_CPU" ] && echo --server-cpu 0 ) --customers $COLD_CUSTOMERS --duration $DURATION --warmup $WARMUP \
     --budget-mib $([ $QUICK = 1 ] && echo 2 || echo 32) --writes $([ $QUICK = 1 ] && echo 20 || echo 200) --json "$OUT/nearcache-run$ROUND.json"
+
+  # 9c. Writes under watches of every customer (what each near-cache client holds): the
+  # writes' rate and the server's CPU per write as the watches keep more customers.
+  rm -rf "$WORK/wf-data"
+  $CLIENT_CPU benchmarks/.build/release/WatchFanout --entitlements $ENT --snapshot "$WORK/cold.snap" --data-dir "$WORK/wf-data" \
+    --port $PORT $( [ -n "$SERVER_CPU" ] && echo --server-cpu 0 ) --watches 8 --writes $([ $QUICK = 1 ] && echo 2000 || echo 20000) \
+    --json "$OUT/watchfanout-run$ROUND.json"
 done
 
 # 10. Summary (medians over the rounds), ratios and the plot.

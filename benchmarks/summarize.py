@@ -282,6 +282,27 @@ if near:
         "| server down, stale-if-error: a check's cost p50, p99 (ns) | %s, %s | %s |"
         % (f"{middle('downCostP50Ns'):,.0f}", f"{middle('downCostP99Ns'):,.0f}", each(lambda run: "%.0f%% answered" % (100 * run["downAnsweredShare"]))),
     ]
+# Writes under watches of every customer (WatchFanout, run.sh step 9c): medians of the rounds.
+fanout = [json.load(open(path)) for path in sorted(glob.glob(os.path.join(folder, "watchfanout-run*.json")))]
+if fanout and all(len(run["quarters"]) == 4 for run in fanout):
+    def quarter(index, key):
+        return statistics.median(run["quarters"][index][key] for run in fanout)
+
+    lines += [
+        "",
+        "Writes under watches of every customer (WatchFanout, benchmarks/README.md; median of %d round%s): %s grants, each to a new "
+        "customer, from %d tasks, while %d `all_customers` watches keep every customer written:"
+        % (len(fanout), "s" if len(fanout) != 1 else "", f"{fanout[0]['writes']:,}", fanout[0]["writers"], fanout[0]["watches"]),
+        "",
+        "| quarter of the writes | writes/s | server CPU per write (µs) |",
+        "|---|---:|---:|",
+    ] + [
+        "| %d | %s | %.0f |" % (index + 1, f"{quarter(index, 'writesPerSecond'):,.0f}", quarter(index, "serverCpuMicrosecondsPerWrite"))
+        for index in range(4)
+    ] + [
+        "",
+        "Every watch had every event %.1f ms after the last write's acknowledgment." % statistics.median(run["deliveryAfterLastAckMilliseconds"] for run in fanout),
+    ]
 for name, text in [("entitlements-rss-kib.txt", "read-only server, 100,000 customers, all cached"), ("entitlements-p5-rss-kib.txt", "cold profile (p5)")]:
     path = os.path.join(folder, name)
     if os.path.exists(path):

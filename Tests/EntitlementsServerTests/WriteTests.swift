@@ -187,6 +187,55 @@ struct WriteTests {
         try await fixture.stop()
     }
 
+    @Test("watch of every customer: one time event per expiry, none for an expiry a later write moved", .timeLimit(.minutes(1)))
+    func watchExpiriesOnceEach() async throws {
+        let fixture = try await ServerFixture(writable: true)
+        let client = fixture.client()
+        let events = try await client.watch(WatchEntitlementsRequest(allCustomers: true))
+        var iterator = events.makeAsyncIterator()
+        try await Task.sleep(for: .milliseconds(200))  // the watch registered before the writes
+        let wall = WallClock.unixMilliseconds()
+        let day: Int64 = 86_400_000
+        // Seconds of margin: every write is acknowledged before the first expiry, even on a
+        // slow disk (checked below, so that a slow run fails as such, not as a wrong event).
+        let expiry = wall + 4_000
+        var writes: [(user: String, grant: String, until: Int64)] = [
+            ("exp-a", "a", expiry),
+            ("exp-b", "b", expiry),  // the same instant: one timer for both
+            ("exp-c", "c", expiry - 500),
+            ("exp-c", "c", expiry + day),  // moved a day later: nothing at expiry - 500
+            ("exp-d", "d1", expiry + 500),
+            ("exp-d", "d2", expiry + 500),  // a second answer with the same validUntil
+        ]
+        for index in 0..<50 {
+            writes.append(("exp-many-\(index)", "m", expiry + 1_000 + Int64(index % 5) * 100))
+        }
+        // The last to expire: what is due before it, duplicates included, has come by then.
+        writes.append(("exp-last", "l", expiry + 2_500))
+        var until: [String: Int64] = [:]
+        for write in writes {
+            let _: WriteResponse = try await client.call(.grantEntitlement, Self.grant(write.user, write.grant, entitlement: "exp", from: wall - 1_000, until: write.until))
+            until[write.user] = write.until
+        }
+        try #require(WallClock.unixMilliseconds() < expiry - 500, "the writes took longer than the test's margin")
+        var timeEvents: [String: [Int64]] = [:]
+        while timeEvents["exp-last"] == nil {
+            let event = try #require(try await iterator.next())
+            if event.cause == .time {
+                timeEvents[event.customerId ?? "", default: []].append(event.current?.requestDate ?? 0)
+                #expect(event.changes.first?.after?.isActive == false, "\(event)")
+            }
+        }
+        #expect(timeEvents["exp-c"] == nil)
+        #expect(Set(timeEvents.keys) == Set(until.keys).subtracting(["exp-c"]))
+        for (customer, instants) in timeEvents {
+            #expect(instants.count == 1, "\(customer): \(instants.count) time events")
+            #expect(instants.allSatisfy { $0 >= until[customer]! }, "\(customer) expired early: \(instants)")
+        }
+        await client.close()
+        try await fixture.stop()
+    }
+
     @Test("watch: an alias linked or moved, and a write that moves only validUntil, each send an event (what a client cache needs)", .timeLimit(.minutes(1)))
     func watchAliasesAndValidUntil() async throws {
         let fixture = try await ServerFixture(writable: true)

@@ -147,8 +147,11 @@ public final class WatchStream: @unchecked Sendable {
     private let ended: (WatchStream) -> Void
 
     private var known: [String: Known] = [:]
+    /// When the answers in `known` expire, earliest first; an entry is current while its
+    /// customer's answer still has its instant as `validUntil` (``setKnown(_:for:)``).
+    private var expiries = ExpiryHeap()
     /// Events held while the socket is full (bounded by `bufferLimit`).
-    private var buffered: [ByteBuffer] = []
+    private var buffered = CircularBuffer<ByteBuffer>()
     private var socketFull = false
     private var timer: Scheduled<Void>?
     private var timerDeadline: Int64?
@@ -209,7 +212,7 @@ public final class WatchStream: @unchecked Sendable {
             let lastChange = self.store.lastChange(of: customerId)
             var (known, response) = self.resolve(record, at: now)
             known.sequence = sequence
-            self.known[customerId] = known
+            self.setKnown(known, for: customerId)
             if let after = self.afterLogSequence, lastChange > after {
                 response.logSequence = sequence
                 self.emit(Self.resumed(customerId, record, response, sequence), customerId: customerId)
@@ -220,7 +223,7 @@ public final class WatchStream: @unchecked Sendable {
             var (known, response) = self.resolve(record, at: now)
             known.sequence = sequence
             if self.known.count < Self.trackedLimit {
-                self.known[customerId] = known
+                self.setKnown(known, for: customerId)
             }
             response.logSequence = sequence
             self.emit(Self.resumed(customerId, record, response, sequence), customerId: customerId)
@@ -266,8 +269,18 @@ public final class WatchStream: @unchecked Sendable {
             return
         }
         let now = WallClock.unixMilliseconds()
-        let due = self.known.filter { $0.value.validUntil.map { $0 <= now } ?? false }
-        for (customerId, old) in due.sorted(by: { $0.key < $1.key }) {
+        var due: [(customerId: String, old: Known)] = []
+        while let entry = self.expiries.first, entry.instant <= now {
+            self.expiries.removeFirst()
+            if let known = self.known[entry.customerId], known.validUntil == entry.instant {
+                due.append((entry.customerId, known))
+            }
+        }
+        due.sort { $0.customerId < $1.customerId }
+        for (index, (customerId, old)) in due.enumerated() {
+            if index > 0, due[index - 1].customerId == customerId {
+                continue  // the same answer kept twice (a write that left its validUntil)
+            }
             let record: CustomerRecord?
             do {
                 record = try self.store.customer(for: customerId)
@@ -300,7 +313,7 @@ public final class WatchStream: @unchecked Sendable {
         if self.everyCustomer, self.known[customerId] == nil, self.known.count >= Self.trackedLimit {
             // Bounded: an untracked customer still gets write events, not time events.
         } else {
-            self.known[customerId] = new
+            self.setKnown(new, for: customerId)
         }
         guard new.encoded != old.encoded || !aliasesChanged.isEmpty else {
             return
@@ -364,9 +377,34 @@ public final class WatchStream: @unchecked Sendable {
         return (Known(encoded: encoded, states: states, validUntil: resolution.validUntil), response)
     }
 
+    /// Keeps `known` as `customerId`'s answer, and when it expires.
+    private func setKnown(_ known: Known, for customerId: String) {
+        self.known[customerId] = known
+        guard let validUntil = known.validUntil else {
+            return
+        }
+        self.expiries.push(validUntil, customerId)
+        // Entries of answers since replaced are skipped when they come up; when they
+        // outnumber the current ones, the heap is made again from these (amortized: at least
+        // as many pushes as the current entries come between two rebuilds).
+        if self.expiries.count > 2 * self.known.count + 1_024 {
+            self.expiries.rebuild(self.known.compactMap { customerId, known in
+                known.validUntil.map { ExpiryHeap.Entry(instant: $0, customerId: customerId) }
+            })
+        }
+    }
+
+    /// The earliest validUntil of the watched answers, dropping entries of replaced ones.
+    private func earliestExpiry() -> Int64? {
+        while let entry = self.expiries.first, self.known[entry.customerId]?.validUntil != entry.instant {
+            self.expiries.removeFirst()
+        }
+        return self.expiries.first?.instant
+    }
+
     /// One timer, at the earliest validUntil of the watched answers.
     private func armTimer(now: Int64) {
-        let earliest = self.known.values.compactMap(\.validUntil).min()
+        let earliest = self.earliestExpiry()
         guard earliest != self.timerDeadline else {
             return
         }

@@ -1,0 +1,204 @@
+// WatchFanout: writes under watches of every customer (benchmarks/README.md, "Watches of
+// every customer"), against a server it starts itself:
+//
+//   WatchFanout --entitlements BIN --snapshot SNAP --data-dir DIR --port P
+//               [--server-cpu N] [--watches 8] [--writes 20000] [--writers 16]
+//               [--json FILE]
+//
+// Opens WATCHES WatchEntitlements streams of `all_customers` (what every near-cache client
+// holds), then records WRITES grants, each to a customer not written before (user-0,
+// user-1, ...; each grant expires at its own instant a day ahead, so that every watch
+// keeps the answer and when it expires), from WRITERS tasks. Reports the writes' rate and
+// the server's CPU time per write in each quarter of the writes (each watch keeps one more
+// customer per write: a cost that grows with what a watch keeps shows as later quarters
+// slower than the first), and how long after the last write's acknowledgment every watch
+// had had every write's event.
+import EntitlementsClient
+import EntitlementsMessages
+import Foundation
+import Synchronization
+
+struct Settings {
+    var values: [String: String] = [:]
+    init() {
+        var arguments = CommandLine.arguments.dropFirst().makeIterator()
+        while let name = arguments.next() {
+            guard name.hasPrefix("--"), let value = arguments.next() else {
+                FileHandle.standardError.write("WatchFanout: expected --name value, got '\(name)'\n".data(using: .utf8)!)
+                exit(2)
+            }
+            self.values[String(name.dropFirst(2))] = value
+        }
+    }
+    func text(_ name: String) -> String {
+        guard let value = self.values[name] else {
+            FileHandle.standardError.write("WatchFanout: --\(name) is required\n".data(using: .utf8)!)
+            exit(2)
+        }
+        return value
+    }
+    func number(_ name: String, _ fallback: Int) -> Int { self.values[name].flatMap(Int.init) ?? fallback }
+}
+
+let settings = Settings()
+let watches = settings.number("watches", 8)
+let writes = settings.number("writes", 20_000)
+let writers = settings.number("writers", 16)
+let port = settings.number("port", 7497)
+let dataDirectory = settings.text("data-dir")
+
+func nowNanoseconds() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
+
+/// CPU time (user + system, seconds) process `pid` has used, from /proc/PID/stat.
+func cpuSeconds(pid: Int32) -> Double {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+        let end = stat.lastIndex(of: ")")
+    else { return .nan }
+    // After "pid (comm) ": utime and stime are the 12th and 13th fields.
+    let fields = stat[stat.index(after: end)...].split(separator: " ")
+    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return .nan }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}
+
+// MARK: The server
+
+let server = Process()
+let binary = settings.text("entitlements")
+if let cpu = settings.values["server-cpu"] {
+    server.executableURL = URL(fileURLWithPath: "/usr/bin/taskset")
+    server.arguments = ["-c", cpu, binary]
+} else {
+    server.executableURL = URL(fileURLWithPath: binary)
+    server.arguments = []
+}
+server.arguments! += [
+    "serve", "--data-dir", dataDirectory, "--snapshot", settings.text("snapshot"),
+    "--listen", "127.0.0.1:\(port)", "--threads", "1", "--resolvers", "1",
+]
+let serverLog = dataDirectory + ".log"
+_ = FileManager.default.createFile(atPath: serverLog, contents: nil)
+server.standardOutput = FileHandle(forWritingAtPath: serverLog)
+server.standardError = server.standardOutput
+try server.run()
+defer { if server.isRunning { kill(server.processIdentifier, SIGKILL) } }
+
+let address = EntitlementsServerAddress.tcp(host: "127.0.0.1", port: port)
+let client = EntitlementsClient(configuration: .init(server: address, connections: 4))
+var started = false
+for _ in 0..<600 where !started {
+    if (try? await client.health(timeout: .milliseconds(200))) != nil {
+        started = true
+    } else {
+        try await Task.sleep(for: .milliseconds(100))
+    }
+}
+guard started else {
+    print("WatchFanout: the server did not start: \(String(decoding: FileManager.default.contents(atPath: serverLog) ?? Data(), as: UTF8.self))")
+    exit(1)
+}
+
+// MARK: The watches
+
+/// Events each watch has had, and when the last watch had its last one.
+final class Received: Sendable {
+    let counts: Mutex<[Int]>
+    let allDelivered = Atomic<UInt64>(0)
+    init(watches: Int) { self.counts = Mutex(Array(repeating: 0, count: watches)) }
+}
+let received = Received(watches: watches)
+let streamClient = EntitlementsClient(configuration: .init(server: address, connections: 1))
+var opened: [AsyncThrowingStream<EntitlementsChangedEvent, any Error>] = []
+for _ in 0..<watches {
+    opened.append(try await streamClient.watch(WatchEntitlementsRequest(allCustomers: true, environment: .production)))
+}
+let streams = opened
+// A watch is registered when the server has handled its request: give it that time, so
+// that no watch misses the first writes.
+try await Task.sleep(for: .milliseconds(500))
+let watchers = Task.detached {
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for (index, stream) in streams.enumerated() {
+            group.addTask {
+                for try await _ in stream {
+                    let done = received.counts.withLock { counts in
+                        counts[index] += 1
+                        return counts.allSatisfy { $0 >= writes }
+                    }
+                    if done {
+                        received.allDelivered.store(nowNanoseconds(), ordering: .relaxed)
+                    }
+                    if received.counts.withLock({ $0[index] }) >= writes {
+                        return
+                    }
+                }
+            }
+        }
+        try await group.waitForAll()
+    }
+}
+
+// MARK: The writes
+
+let day: Int64 = 86_400_000
+let base = Int64(Date().timeIntervalSince1970 * 1000)
+let next = Atomic<Int>(0)
+let quarter = max(1, writes / 4)
+/// Per quarter: when its last write was acknowledged, and the server's CPU time then.
+let marks = Mutex<[(at: UInt64, cpu: Double)]>([])
+let pid = server.processIdentifier
+let start = (at: nowNanoseconds(), cpu: cpuSeconds(pid: pid))
+let acknowledged = Atomic<Int>(0)
+try await withThrowingTaskGroup(of: Void.self) { group in
+    for _ in 0..<writers {
+        group.addTask {
+            while true {
+                let index = next.add(1, ordering: .relaxed).oldValue
+                guard index < writes else { return }
+                let grant = Grant(grantId: "fanout-\(index)", entitlementId: "fanout", grantedDate: base - 1_000, expirationDate: base + day + Int64(index))
+                let _: WriteResponse = try await client.call(.grantEntitlement, GrantEntitlementRequest(userId: "user-\(index)", grant: grant), timeout: .seconds(60))
+                let count = acknowledged.add(1, ordering: .relaxed).newValue
+                if count % quarter == 0 {
+                    let mark = (at: nowNanoseconds(), cpu: cpuSeconds(pid: pid))
+                    marks.withLock { $0.append(mark) }
+                }
+            }
+        }
+    }
+    try await group.waitForAll()
+}
+let lastAcknowledged = nowNanoseconds()
+let deliveredBy = lastAcknowledged + 120_000_000_000
+while watches > 0, received.allDelivered.load(ordering: .relaxed) == 0, nowNanoseconds() < deliveredBy {
+    try await Task.sleep(for: .milliseconds(2))
+}
+let delivered = watches == 0 ? lastAcknowledged : received.allDelivered.load(ordering: .relaxed)
+watchers.cancel()
+
+// MARK: Report
+
+var rows: [[String: Double]] = []
+var previous = start
+for (index, mark) in marks.withLock({ $0 }).enumerated() {
+    let seconds = Double(mark.at - previous.at) / 1e9
+    let rate = Double(quarter) / seconds
+    let cpu = (mark.cpu - previous.cpu) / Double(quarter) * 1e6
+    rows.append(["quarter": Double(index + 1), "writesPerSecond": rate, "serverCpuMicrosecondsPerWrite": cpu])
+    print(String(format: "quarter %d: %.0f writes/s, server CPU %.1f µs per write", index + 1, rate, cpu))
+    previous = mark
+}
+let deliveryMilliseconds = delivered == 0 ? -1 : Double(delivered > lastAcknowledged ? delivered - lastAcknowledged : 0) / 1e6
+if delivered == 0 {
+    print("not every watch had every event within 120 s of the last acknowledgment: \(received.counts.withLock { $0 })")
+} else {
+    print(String(format: "every watch had every event %.1f ms after the last acknowledgment", deliveryMilliseconds))
+}
+if let path = settings.values["json"] {
+    let document: [String: Any] = [
+        "watches": watches, "writes": writes, "writers": writers,
+        "quarters": rows, "deliveryAfterLastAckMilliseconds": deliveryMilliseconds,
+    ]
+    try JSONSerialization.data(withJSONObject: document, options: [.prettyPrinted, .sortedKeys]).write(to: URL(fileURLWithPath: path))
+}
+kill(server.processIdentifier, SIGINT)
+server.waitUntilExit()
+exit(delivered == 0 ? 1 : 0)

@@ -291,7 +291,7 @@ if fanout and all(len(run["quarters"]) == 4 for run in fanout):
     lines += [
         "",
         "Writes under watches of every customer (WatchFanout, benchmarks/README.md; median of %d round%s): %s grants, each to a new "
-        "customer, from %d tasks, while %d `all_customers` watches keep every customer written:"
+        "customer, from %d tasks, while %d `all_customers` watches, each on its own connection, keep every customer written:"
         % (len(fanout), "s" if len(fanout) != 1 else "", f"{fanout[0]['writes']:,}", fanout[0]["writers"], fanout[0]["watches"]),
         "",
         "| quarter of the writes | writes/s | server CPU per write (µs) |",

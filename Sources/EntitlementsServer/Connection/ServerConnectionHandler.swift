@@ -294,7 +294,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         context.fireChannelReadComplete()
     }
 
-    /// ``TickFlush``'s call at the end of the loop tick in which this connection read.
+    /// ``TickFlush``'s call at the end of the loop tick in which this connection read or
+    /// was told a watch event.
     func flushAtTickEnd() {
         self.flushQueued = false
         if self.context != nil {
@@ -520,7 +521,7 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             send: { [unowned self] event in
                 self.outgoing.writeFrameHeader(type: .streamMessage, requestID: requestID, payloadLength: UInt32(event.readableBytes))
                 self.outgoing.writeImmutableBuffer(event)
-                self.sendOutgoing()
+                self.sendEvent()
                 return self.context?.channel.isWritable ?? false
             },
             end: { [unowned self] status, message in
@@ -660,8 +661,8 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// Frames written into `outgoing` during read batches go out with one write and one
     /// flush at the end of the loop tick (``TickFlush``; several reads of one tick share it),
-    /// or as soon as 16 KiB are waiting; outside a read batch (a hop's answer, a watch
-    /// event, a timer) at once, with whatever the tick's reads left waiting.
+    /// or as soon as 16 KiB are waiting; outside a read batch (a hop's answer, a timer) at
+    /// once, with whatever the tick's reads left waiting. Watch events: ``sendEvent()``.
     private func sendOutgoing() {
         if !self.state.isReadingFrames {
             // The connection's last frame (the final answer, a GOAWAY or an ERROR) is out:
@@ -676,6 +677,24 @@ final class ServerConnectionHandler: ChannelInboundHandler {
             }
         } else {
             self.flushOutgoing()
+        }
+    }
+
+    /// A watch event told to this connection outside a read (a write committed, a timer):
+    /// written with the rest of the loop tick's output, so that the events of several writes
+    /// committed together go out in one `write` rather than one each (benchmarks/README.md,
+    /// "Watches of every customer"); at once under TLS, as answers are, or when 16 KiB wait.
+    private func sendEvent() {
+        guard !self.inReadBatch, self.defersFlush, self.state.isReadingFrames else {
+            self.sendOutgoing()
+            return
+        }
+        self.needsFlush = true
+        if self.outgoing.readableBytes >= Self.outgoingFlushThreshold {
+            self.flushOutgoing()  // bounded memory, and the watch sees the socket fill
+        } else if !self.flushQueued {
+            self.flushQueued = true
+            self.tickFlush.flushLater(self)
         }
     }
 

@@ -8,7 +8,9 @@ import NIOPosix
 /// in which it read; what changes is that they go out in a burst rather than one between
 /// each two reads: the client, woken by the first, finds the rest ready instead of going
 /// back to sleep between them, and waking a sleeping client is a large part of a loopback
-/// `write` (benchmarks/README.md, "One flush per loop tick").
+/// `write` (benchmarks/README.md, "One flush per loop tick"). Watch events told to a
+/// connection in a tick wait for it too: the events of writes committed together then go
+/// out in one `write` ("Watches of every customer").
 ///
 /// One per event loop thread, used only on it (`@unchecked Sendable` because a
 /// `ThreadSpecificVariable` asks for it: each value is reached only from its own thread,

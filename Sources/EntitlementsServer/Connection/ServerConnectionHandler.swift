@@ -708,9 +708,17 @@ final class ServerConnectionHandler: ChannelInboundHandler {
         self.needsFlush = false  // whatever waited goes now
         let batch = self.outgoing.readableBytes
         if batch > 0 {
-            self.context.write(self.wrapOutboundOut(self.outgoing), promise: nil)
+            let bytes = self.outgoing
+            // Past them before the channel has them: a frame added while it flushes (a watch
+            // resumed by the writability change a flush can fire) is neither sent twice nor
+            // cleared below; whoever added it asked for a flush of its own.
+            self.outgoing.moveReaderIndex(forwardBy: batch)
+            self.context.write(self.wrapOutboundOut(bytes), promise: nil)
         }
         self.context.flush()
+        guard self.outgoing.readableBytes == 0 else {
+            return
+        }
         let next = min(max(batch, Self.outgoingInitialCapacity), Self.outgoingFlushThreshold / 2)
         if self.outgoing.capacity >= Self.outgoingFlushThreshold {
             self.outgoing = self.context.channel.allocator.buffer(capacity: next)

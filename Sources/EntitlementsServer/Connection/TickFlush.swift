@@ -9,8 +9,8 @@ import NIOPosix
 /// each two reads: the client, woken by the first, finds the rest ready instead of going
 /// back to sleep between them, and waking a sleeping client is a large part of a loopback
 /// `write` (benchmarks/README.md, "One flush per loop tick"). Watch events told to a
-/// connection in a tick wait for it too: the events of writes committed together then go
-/// out in one `write` ("Watches of every customer").
+/// connection in a tick wait for it too: the events of writes committed together then
+/// usually share one `write` ("Watches of every customer").
 ///
 /// One per event loop thread, used only on it (`@unchecked Sendable` because a
 /// `ThreadSpecificVariable` asks for it: each value is reached only from its own thread,
@@ -51,8 +51,8 @@ final class TickFlush: @unchecked Sendable {
     }
 
     private func flushAll() {
-        // By index: a handler added while the list is flushed (none is today: only a read
-        // complete adds one) is flushed too, not dropped with the list.
+        // By index: a handler added while the list is flushed (a watch event sent from a
+        // writability change that a flush fired) is flushed too, not dropped with the list.
         var index = 0
         while index < self.waiting.count {
             self.waiting[index].flushAtTickEnd()

@@ -682,8 +682,9 @@ final class ServerConnectionHandler: ChannelInboundHandler {
 
     /// A watch event told to this connection outside a read (a write committed, a timer):
     /// written with the rest of the loop tick's output, so that the events of several writes
-    /// committed together go out in one `write` rather than one each (benchmarks/README.md,
-    /// "Watches of every customer"); at once under TLS, as answers are, or when 16 KiB wait.
+    /// committed together usually share one `write` rather than take one each
+    /// (benchmarks/README.md, "Watches of every customer"); at once under TLS, as answers
+    /// are, or when 16 KiB wait.
     private func sendEvent() {
         guard !self.inReadBatch, self.defersFlush, self.state.isReadingFrames else {
             self.sendOutgoing()

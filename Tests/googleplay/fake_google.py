@@ -70,6 +70,7 @@ class FakeGoogle:
         self.voided = []  # (package, VoidedPurchase resource)
         self.api_calls = {}  # path -> count
         self.fail = {}  # path fragment -> HTTP status to answer instead
+        self.delay = {}  # path fragment -> seconds to take before answering (Google's latency)
         self.acknowledged = []  # paths
         self.ack_bodies = []
         self.pubsub = {}  # ack_id -> [message, handed_out_at or None]
@@ -150,6 +151,9 @@ class FakeGoogle:
                 with fake.lock:
                     fake.api_calls[path] = fake.api_calls.get(path, 0) + 1
                     failing = [status for fragment, status in fake.fail.items() if fragment in path]
+                    delays = [seconds for fragment, seconds in fake.delay.items() if fragment in path]
+                if delays:
+                    time.sleep(delays[0])
                 if failing:
                     self._error(failing[0], "failing as the test asked")
                     return False

@@ -411,8 +411,11 @@ try:
     fake.fail.clear()
     time.sleep(1.2)
 
-    # Concurrent notifications for one token share the API's answer.
+    # Concurrent notifications for one token share the API's answer. Google takes 0.5 s to
+    # answer here, so that all 12 arrive while the first call is out even on a loaded
+    # machine (answered at once, a late thread's notification came after it: a call more).
     fake.set_subscription(PACKAGE, "tok-burst", subscription("SUBSCRIPTION_STATE_ACTIVE", NOW + 20 * DAY, "GPA.9200-0000-0000-00001", account="pete"))
+    fake.delay["subscriptionsv2/tokens/tok-burst"] = 0.5
     results = []
     threads = [threading.Thread(target=lambda: results.append(push(sub_note("tok-burst", 4))[0])) for _ in range(12)]
     for thread in threads:
@@ -420,6 +423,7 @@ try:
     for thread in threads:
         thread.join()
     check(results == [200] * 12 and fake.calls("subscriptionsv2/tokens/tok-burst") <= 2, "12 concurrent notifications: %d API calls" % fake.calls("subscriptionsv2/tokens/tok-burst"))
+    fake.delay.clear()
 
     # Every order of a chain's notifications ends in the same state. Google's answer is the
     # state when the notification is read: notification k is sent once state k is reached,

@@ -103,6 +103,7 @@ let package = Package(
         .executableTarget(
             name: "NearCacheLoad",
             dependencies: [
+                "ServerHarness",
                 .product(name: "EntitlementsClient", package: mainPackage),
                 .product(name: "EntitlementsMessages", package: mainPackage),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
@@ -112,11 +113,19 @@ let package = Package(
             path: "Sources/NearCacheLoad",
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // What NearCacheLoad and WatchFanout share: settings, and the server they start.
+        .target(
+            name: "ServerHarness",
+            dependencies: [.product(name: "EntitlementsClient", package: mainPackage)],
+            path: "Sources/ServerHarness",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // Writes under watches of every customer: rate and server CPU per write as the
         // watches keep more customers.
         .executableTarget(
             name: "WatchFanout",
             dependencies: [
+                "ServerHarness",
                 .product(name: "EntitlementsClient", package: mainPackage),
                 .product(name: "EntitlementsMessages", package: mainPackage),
             ],

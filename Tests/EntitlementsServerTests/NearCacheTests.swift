@@ -298,7 +298,6 @@ struct NearCacheLoadTests {
         let checks = Atomic<Int>(0)
         let restarts = Atomic<Int>(0)
         func end(at instant: Int64) { self.until.withLock { $0 = instant } }
-        func goesOn(at instant: Int64) -> Bool { self.until.withLock { $0.map { instant < $0 } ?? true } }
         /// Whether the checks go on: while the writes do, then until `enough` says so or
         /// `grace` ms have passed (on a loaded machine, whose other tests hold the
         /// cooperative pool, checks come slowly; the answers after the last write are

@@ -8,7 +8,7 @@
 /// walk over every watched customer cost their number, at every write an every-customer
 /// watch was told of (benchmarks/README.md, "Watches of every customer").
 struct ExpiryHeap {
-    struct Entry: Equatable {
+    struct Entry {
         var instant: Int64
         var customerId: String
     }

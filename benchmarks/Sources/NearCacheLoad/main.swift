@@ -23,35 +23,12 @@ import CoreMetrics
 import EntitlementsClient
 import EntitlementsMessages
 import Foundation
+import ServerHarness
 import NIOCore
 import NIOPosix
 import Synchronization
 
-struct Settings {
-    var values: [String: String] = [:]
-    init() {
-        var arguments = CommandLine.arguments.dropFirst().makeIterator()
-        while let name = arguments.next() {
-            guard name.hasPrefix("--"), let value = arguments.next() else {
-                FileHandle.standardError.write("NearCacheLoad: expected --name value, got '\(name)'\n".data(using: .utf8)!)
-                exit(2)
-            }
-            self.values[String(name.dropFirst(2))] = value
-        }
-    }
-    func text(_ name: String) -> String {
-        guard let value = self.values[name] else {
-            FileHandle.standardError.write("NearCacheLoad: --\(name) is required\n".data(using: .utf8)!)
-            exit(2)
-        }
-        return value
-    }
-    func number(_ name: String, _ fallback: Double) -> Double { self.values[name].flatMap(Double.init) ?? fallback }
-}
-
-let settings = Settings()
-let binary = settings.text("entitlements")
-let snapshot = settings.text("snapshot")
+let settings = ToolSettings(tool: "NearCacheLoad")
 let dataDirectory = settings.text("data-dir")
 let port = Int(settings.number("port", 7498))
 let tasks = Int(settings.number("tasks", 50))
@@ -101,36 +78,11 @@ MetricsSystem.bootstrap(CountingMetrics())
 
 // MARK: The server
 
-let server = Process()
-if let cpu = settings.values["server-cpu"] {
-    server.executableURL = URL(fileURLWithPath: "/usr/bin/taskset")
-    server.arguments = ["-c", cpu, binary]
-} else {
-    server.executableURL = URL(fileURLWithPath: binary)
-    server.arguments = []
-}
-server.arguments! += ["serve", "--data-dir", dataDirectory, "--snapshot", snapshot, "--listen", "127.0.0.1:\(port)", "--threads", "1", "--resolvers", "1"]
-let serverLog = dataDirectory + ".log"
-FileManager.default.createFile(atPath: serverLog, contents: nil)
-server.standardOutput = FileHandle(forWritingAtPath: serverLog)
-server.standardError = server.standardOutput
-try server.run()
+let server = try await startServer(settings, dataDirectory: dataDirectory, port: port)
 defer { if server.isRunning { kill(server.processIdentifier, SIGKILL) } }
 
 let address = EntitlementsServerAddress.tcp(host: "127.0.0.1", port: port)
 let plain = EntitlementsClient(configuration: .init(server: address))
-var started = false
-for _ in 0..<600 where !started {
-    if (try? await plain.health(timeout: .milliseconds(200))) != nil {
-        started = true
-    } else {
-        try await Task.sleep(for: .milliseconds(100))
-    }
-}
-guard started else {
-    print("NearCacheLoad: the server did not start: \(String(decoding: FileManager.default.contents(atPath: serverLog) ?? Data(), as: UTF8.self))")
-    exit(1)
-}
 
 let client = EntitlementsClient(configuration: .init(
     server: address,

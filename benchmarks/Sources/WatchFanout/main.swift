@@ -16,35 +16,14 @@
 import EntitlementsClient
 import EntitlementsMessages
 import Foundation
+import ServerHarness
 import Synchronization
 
-struct Settings {
-    var values: [String: String] = [:]
-    init() {
-        var arguments = CommandLine.arguments.dropFirst().makeIterator()
-        while let name = arguments.next() {
-            guard name.hasPrefix("--"), let value = arguments.next() else {
-                FileHandle.standardError.write("WatchFanout: expected --name value, got '\(name)'\n".data(using: .utf8)!)
-                exit(2)
-            }
-            self.values[String(name.dropFirst(2))] = value
-        }
-    }
-    func text(_ name: String) -> String {
-        guard let value = self.values[name] else {
-            FileHandle.standardError.write("WatchFanout: --\(name) is required\n".data(using: .utf8)!)
-            exit(2)
-        }
-        return value
-    }
-    func number(_ name: String, _ fallback: Int) -> Int { self.values[name].flatMap(Int.init) ?? fallback }
-}
-
-let settings = Settings()
-let watches = settings.number("watches", 8)
-let writes = settings.number("writes", 20_000)
-let writers = settings.number("writers", 16)
-let port = settings.number("port", 7497)
+let settings = ToolSettings(tool: "WatchFanout")
+let watches = Int(settings.number("watches", 8))
+let writes = Int(settings.number("writes", 20_000))
+let writers = Int(settings.number("writers", 16))
+let port = Int(settings.number("port", 7497))
 let dataDirectory = settings.text("data-dir")
 
 func nowNanoseconds() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
@@ -62,40 +41,11 @@ func cpuSeconds(pid: Int32) -> Double {
 
 // MARK: The server
 
-let server = Process()
-let binary = settings.text("entitlements")
-if let cpu = settings.values["server-cpu"] {
-    server.executableURL = URL(fileURLWithPath: "/usr/bin/taskset")
-    server.arguments = ["-c", cpu, binary]
-} else {
-    server.executableURL = URL(fileURLWithPath: binary)
-    server.arguments = []
-}
-server.arguments! += [
-    "serve", "--data-dir", dataDirectory, "--snapshot", settings.text("snapshot"),
-    "--listen", "127.0.0.1:\(port)", "--threads", "1", "--resolvers", "1",
-]
-let serverLog = dataDirectory + ".log"
-_ = FileManager.default.createFile(atPath: serverLog, contents: nil)
-server.standardOutput = FileHandle(forWritingAtPath: serverLog)
-server.standardError = server.standardOutput
-try server.run()
+let server = try await startServer(settings, dataDirectory: dataDirectory, port: port)
 defer { if server.isRunning { kill(server.processIdentifier, SIGKILL) } }
 
 let address = EntitlementsServerAddress.tcp(host: "127.0.0.1", port: port)
 let client = EntitlementsClient(configuration: .init(server: address, connections: 4))
-var started = false
-for _ in 0..<600 where !started {
-    if (try? await client.health(timeout: .milliseconds(200))) != nil {
-        started = true
-    } else {
-        try await Task.sleep(for: .milliseconds(100))
-    }
-}
-guard started else {
-    print("WatchFanout: the server did not start: \(String(decoding: FileManager.default.contents(atPath: serverLog) ?? Data(), as: UTF8.self))")
-    exit(1)
-}
 
 // MARK: The watches
 
